@@ -1,0 +1,1 @@
+//! CPU reference forward pass.

@@ -1,0 +1,1 @@
+//! GGUF v2/v3 container: reader (mmap) and writer.

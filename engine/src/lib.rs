@@ -1,0 +1,19 @@
+//! gemtune-engine: Gemma 4 inference (GGUF in, text out).
+//!
+//! - `gguf`: memory-mapped GGUF v2/v3 reader and a streaming writer.
+//! - `config`: `Gemma4Config`, resolved per layer from GGUF metadata.
+//! - `plan`: every tensor a Gemma 4 file holds, with its shape; validation.
+//! - `synth`: random-weight models with the exact layout of published files.
+//! - `tokenizer`: the `gemma4` BPE tokenizer and the chat template.
+//! - `sampler`: greedy / temperature / top-k / top-p / min-p sampling.
+//! - `model`: a loaded model (file, config, tokenizer, weight views).
+//! - `cpu`: the CPU reference forward pass and its KV cache.
+
+pub mod config;
+pub mod cpu;
+pub mod gguf;
+pub mod model;
+pub mod plan;
+pub mod sampler;
+pub mod synth;
+pub mod tokenizer;

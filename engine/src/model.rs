@@ -1,0 +1,1 @@
+//! A loaded model: GGUF file, config, tokenizer and weight views.

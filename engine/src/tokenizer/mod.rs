@@ -1,0 +1,1 @@
+//! The `gemma4` BPE tokenizer and chat template.

@@ -1,0 +1,10 @@
+//! `gemtune info` (being built).
+
+use crate::exit::Exit;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<Exit> {
+    anyhow::bail!("`gemtune info` is not built yet")
+}

@@ -1,0 +1,9 @@
+//! One module per subcommand.
+
+pub mod check;
+pub mod info;
+pub mod logits;
+pub mod run;
+pub mod synth;
+pub mod tokenize;
+pub mod tune;

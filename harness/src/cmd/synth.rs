@@ -1,0 +1,10 @@
+//! `gemtune synth` (being built).
+
+use crate::exit::Exit;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<Exit> {
+    anyhow::bail!("`gemtune synth` is not built yet")
+}

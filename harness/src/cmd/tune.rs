@@ -1,0 +1,10 @@
+//! `gemtune tune` (being built).
+
+use crate::exit::Exit;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<Exit> {
+    anyhow::bail!("`gemtune tune` is not built yet")
+}

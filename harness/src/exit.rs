@@ -1,0 +1,19 @@
+//! Process exit codes shared by every subcommand (DESIGN §5).
+
+use std::process::ExitCode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Pass = 0,
+    Regression = 1,
+    Ambiguous = 2,
+    Correctness = 3,
+    /// No GPU, compile failure of a required variant, bad input file.
+    Infra = 4,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}

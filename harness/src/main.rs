@@ -1,0 +1,60 @@
+//! `gemtune`: kernel development and autotuning harness for Gemma 4.
+//!
+//! Exit codes (shared by every subcommand): 0 pass, 1 performance regression,
+//! 2 ambiguous, 3 correctness failure, 4 infrastructure error or bad input.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cmd;
+mod exit;
+
+use exit::Exit;
+
+#[derive(Parser)]
+#[command(name = "gemtune", version, about = "Gemma 4 kernel development, autotuning and inference")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a random-weight GGUF with the exact layout of a published Gemma 4 file.
+    Synth(cmd::synth::Args),
+    /// Describe a GGUF model: architecture, parameters, tensor types, per-layer table.
+    Info(cmd::info::Args),
+    /// Generate text with the chat template (or raw) and print prefill/decode speed.
+    Run(cmd::run::Args),
+    /// Print the token ids of a text.
+    Tokenize(cmd::tokenize::Args),
+    /// Print the text of comma- or space-separated token ids.
+    Detokenize(cmd::tokenize::DetokenizeArgs),
+    /// Write little-endian f32 logits for a token sequence.
+    Logits(cmd::logits::Args),
+    /// Check kernel variants against the CPU oracle.
+    Check(cmd::check::Args),
+    /// Check, then time kernel variants over shapes in the L2 and DRAM regimes.
+    Tune(cmd::tune::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Synth(a) => cmd::synth::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Detokenize(a) => cmd::tokenize::run_detokenize(a),
+        Command::Logits(a) => cmd::logits::run(a),
+        Command::Check(a) => cmd::check::run(a),
+        Command::Tune(a) => cmd::tune::run(a),
+    };
+    match result {
+        Ok(code) => code.into(),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            Exit::Infra.into()
+        }
+    }
+}

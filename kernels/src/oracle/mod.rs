@@ -1,0 +1,1 @@
+//! CPU reference ops (f64 accumulation, no unsafe, no GPU).
