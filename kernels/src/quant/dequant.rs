@@ -118,6 +118,13 @@ pub fn dequantize_to_vec(
     src: &[u8],
     n_elements: usize,
 ) -> Result<Vec<f32>, QuantError> {
+    check_encoded(
+        ty,
+        src.len(),
+        n_elements,
+        QuantOp::Dequantize,
+        "destination",
+    )?;
     let mut out = vec![0f32; n_elements];
     dequantize_row(ty, src, &mut out)?;
     Ok(out)

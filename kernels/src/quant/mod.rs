@@ -1,4 +1,21 @@
 //! GGML tensor element types and their block layouts.
+//!
+//! `GgmlType` names and sizes every type; the submodules convert rows:
+//! [`dequantize_row`] (bytes to f32, bit-identical to ggml's reference),
+//! [`quantize_row`] (f32 to bytes with ggml's reference rounding) and
+//! [`dot_row_f32`] (fused dequantize-and-dot for the CPU engine).
+//! [`blocks`] documents each byte layout.
+
+pub mod blocks;
+mod dequant;
+mod dot;
+mod error;
+mod quantize;
+
+pub use dequant::{dequantize_row, dequantize_to_vec};
+pub use dot::dot_row_f32;
+pub use error::{QuantError, QuantOp};
+pub use quantize::{quantize_row, quantize_to_vec};
 
 use std::fmt;
 
