@@ -96,3 +96,562 @@ impl Gemma4Config {
         }
     }
 }
+
+/// Why a GGUF file does not describe a usable Gemma 4 text decoder.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigErrorKind {
+    #[error("missing required key")]
+    MissingKey,
+    #[error("expected {expected}, found {found}")]
+    WrongType {
+        expected: &'static str,
+        found: String,
+    },
+    #[error("array has {found} elements, expected {expected} (one per layer)")]
+    WrongLength { expected: usize, found: usize },
+    #[error("{0}")]
+    InvalidValue(String),
+    #[error("architecture is '{0}', expected 'gemma4'")]
+    WrongArchitecture(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    #[error("layer {layer} shares KV but no earlier non-shared {kind} layer exists to donate it")]
+    NoDonor { layer: usize, kind: &'static str },
+    #[error("missing tensor")]
+    MissingTensor,
+    #[error("shape {found:?} disagrees with the config: expected {expected:?} (ggml ne order)")]
+    TensorShape { expected: Vec<u64>, found: Vec<u64> },
+    #[error("tensor type {0} has no CPU dequantization")]
+    UnsupportedType(String),
+    #[error("unexpected tensor(s) for this gemma4 config: {}", .0.join(", "))]
+    UnexpectedTensors(Vec<String>),
+    #[error("cannot read tensor data: {0}")]
+    Data(String),
+}
+
+/// A config error with its place: Display is `<file>: <item>: <reason>`,
+/// e.g. `m.gguf: key 'gemma4.block_count': expected an unsigned integer, found string`.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{}: {item}: {kind}", file.display())]
+pub struct ConfigError {
+    /// Path of the file (or the label of an in-memory file).
+    pub file: std::path::PathBuf,
+    /// What is wrong: `key '...'`, `tensor '...'` or `layer N`.
+    pub item: String,
+    pub kind: ConfigErrorKind,
+}
+
+impl ConfigError {
+    pub fn new(
+        file: impl Into<std::path::PathBuf>,
+        item: impl Into<String>,
+        kind: ConfigErrorKind,
+    ) -> Self {
+        ConfigError {
+            file: file.into(),
+            item: item.into(),
+            kind,
+        }
+    }
+}
+
+impl AttnKind {
+    /// "swa" or "full".
+    pub fn short_name(self) -> &'static str {
+        match self {
+            AttnKind::Sliding => "swa",
+            AttnKind::Full => "full",
+        }
+    }
+}
+
+/// KV donors of every layer: the trailing `n_shared` layers read the cache
+/// of the last non-shared layer of the same kind (HF's rule, which does not
+/// assume llama.cpp's "full last, SWA just before it" ordering).
+/// `Err(layer)` names a shared layer whose kind has no non-shared layer.
+pub fn resolve_kv_donors(kinds: &[AttnKind], n_shared: usize) -> Result<Vec<Option<usize>>, usize> {
+    let first_shared = kinds.len().saturating_sub(n_shared);
+    let mut donors = vec![None; kinds.len()];
+    for (i, kind) in kinds.iter().enumerate().skip(first_shared) {
+        let donor = (0..first_shared).rev().find(|&j| kinds[j] == *kind);
+        donors[i] = Some(donor.ok_or(i)?);
+    }
+    Ok(donors)
+}
+
+/// RoPE frequency factors as the converter writes them for proportional
+/// RoPE (partial factor 0.25): `head_dim/8` ones, then 1e30 (no rotation)
+/// up to `head_dim/2` entries.
+pub fn proportional_rope_factors(head_dim: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let active = head_dim / 8;
+    (0..half)
+        .map(|i| if i < active { 1.0 } else { 1e30 })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Parsing from GGUF metadata (spec §4.1).
+
+use crate::gguf::{GgufFile, GgufValue};
+
+const ARCH: &str = "gemma4";
+
+/// Typed metadata access that turns every problem into a `ConfigError`
+/// naming the file and the key.
+struct Meta<'a> {
+    f: &'a GgufFile,
+}
+
+fn key_item(key: &str) -> String {
+    format!("key '{key}'")
+}
+
+fn describe(v: &GgufValue) -> String {
+    match v {
+        GgufValue::Array(a) => format!("array of {} ({} elements)", a.elem_type.name(), a.len()),
+        GgufValue::I8(_) | GgufValue::I16(_) | GgufValue::I32(_) | GgufValue::I64(_) => {
+            match v.as_i64() {
+                Some(n) if n < 0 => format!("{} {n}", v.type_name()),
+                _ => v.type_name().to_string(),
+            }
+        }
+        _ => v.type_name().to_string(),
+    }
+}
+
+impl<'a> Meta<'a> {
+    fn err(&self, key: &str, kind: ConfigErrorKind) -> ConfigError {
+        ConfigError::new(self.f.path(), key_item(key), kind)
+    }
+
+    fn required(&self, key: &str) -> Result<&'a GgufValue, ConfigError> {
+        self.f
+            .get(key)
+            .ok_or_else(|| self.err(key, ConfigErrorKind::MissingKey))
+    }
+
+    fn wrong(&self, key: &str, expected: &'static str, v: &GgufValue) -> ConfigError {
+        self.err(
+            key,
+            ConfigErrorKind::WrongType {
+                expected,
+                found: describe(v),
+            },
+        )
+    }
+
+    fn uint_of(&self, key: &str, v: &GgufValue) -> Result<usize, ConfigError> {
+        v.as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| self.wrong(key, "an unsigned integer", v))
+    }
+
+    fn uint(&self, key: &str) -> Result<usize, ConfigError> {
+        let v = self.required(key)?;
+        self.uint_of(key, v)
+    }
+
+    fn opt_uint(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+        self.f.get(key).map(|v| self.uint_of(key, v)).transpose()
+    }
+
+    fn float_of(&self, key: &str, v: &GgufValue) -> Result<f32, ConfigError> {
+        v.as_f32().ok_or_else(|| self.wrong(key, "a float", v))
+    }
+
+    fn float(&self, key: &str) -> Result<f32, ConfigError> {
+        let v = self.required(key)?;
+        self.float_of(key, v)
+    }
+
+    fn opt_float(&self, key: &str) -> Result<Option<f32>, ConfigError> {
+        self.f.get(key).map(|v| self.float_of(key, v)).transpose()
+    }
+
+    fn string(&self, key: &str) -> Result<&'a str, ConfigError> {
+        let v = self.required(key)?;
+        v.as_str().ok_or_else(|| self.wrong(key, "a string", v))
+    }
+
+    /// A value that is either one unsigned integer for every layer or an
+    /// array of exactly `n` unsigned integers (llama.cpp `get_key_or_arr`).
+    fn uint_per_layer(&self, key: &str, n: usize) -> Result<Vec<usize>, ConfigError> {
+        let v = self.required(key)?;
+        match v {
+            GgufValue::Array(a) => {
+                if a.len() != n {
+                    return Err(self.err(
+                        key,
+                        ConfigErrorKind::WrongLength {
+                            expected: n,
+                            found: a.len(),
+                        },
+                    ));
+                }
+                a.values
+                    .iter()
+                    .map(|e| {
+                        e.as_u64()
+                            .and_then(|x| usize::try_from(x).ok())
+                            .ok_or_else(|| {
+                                self.wrong(key, "an unsigned integer or an array of them", e)
+                            })
+                    })
+                    .collect()
+            }
+            _ => Ok(vec![self.uint_of(key, v)?; n]),
+        }
+    }
+
+    fn bool_per_layer(&self, key: &str, n: usize) -> Result<Vec<bool>, ConfigError> {
+        let v = self.required(key)?;
+        let expected = "an array of bool (one per layer)";
+        let a = v.as_array().ok_or_else(|| self.wrong(key, expected, v))?;
+        if a.len() != n {
+            return Err(self.err(
+                key,
+                ConfigErrorKind::WrongLength {
+                    expected: n,
+                    found: a.len(),
+                },
+            ));
+        }
+        a.to_bool_vec().ok_or_else(|| self.wrong(key, expected, v))
+    }
+
+    fn invalid(&self, key: &str, reason: impl Into<String>) -> ConfigError {
+        self.err(key, ConfigErrorKind::InvalidValue(reason.into()))
+    }
+
+    fn positive(&self, key: &str, value: usize) -> Result<usize, ConfigError> {
+        if value == 0 {
+            return Err(self.invalid(key, "must be greater than 0"));
+        }
+        Ok(value)
+    }
+}
+
+fn k(name: &str) -> String {
+    format!("{ARCH}.{name}")
+}
+
+impl Gemma4Config {
+    /// Resolves the config of a `gemma4` GGUF file and validates every
+    /// tensor's presence, type and shape against it (`plan::validate_tensors`).
+    pub fn from_gguf(f: &GgufFile) -> Result<Gemma4Config, ConfigError> {
+        let cfg = Self::from_gguf_metadata(f)?;
+        crate::plan::validate_tensors(&cfg, f)?;
+        Ok(cfg)
+    }
+
+    /// Resolves the config from metadata plus the few tensor facts it
+    /// depends on (which layers have `attn_v` and `layer_output_scale`, the
+    /// vocab from `token_embd`, the `rope_freqs` values), without checking
+    /// the other tensors.
+    pub fn from_gguf_metadata(f: &GgufFile) -> Result<Gemma4Config, ConfigError> {
+        let m = Meta { f };
+        let arch = m.string("general.architecture")?;
+        if arch != ARCH {
+            return Err(m.err(
+                "general.architecture",
+                ConfigErrorKind::WrongArchitecture(arch.to_string()),
+            ));
+        }
+        if let Some(n) = m.opt_uint(&k("expert_count"))? {
+            if n > 0 {
+                return Err(m.err(
+                    &k("expert_count"),
+                    ConfigErrorKind::Unsupported(format!(
+                        "mixture-of-experts layers ({n} experts, the 26B-A4B variant)"
+                    )),
+                ));
+            }
+        }
+
+        let name = f
+            .get("general.name")
+            .and_then(GgufValue::as_str)
+            .map(str::to_string);
+        let d_model = m.positive(&k("embedding_length"), m.uint(&k("embedding_length"))?)?;
+        let n_layers = m.positive(&k("block_count"), m.uint(&k("block_count"))?)?;
+        let context_length = m.uint(&k("context_length"))?;
+
+        let swa_key = k("attention.sliding_window_pattern");
+        let is_swa = m.bool_per_layer(&swa_key, n_layers)?;
+        let kinds: Vec<AttnKind> = is_swa
+            .iter()
+            .map(|&s| if s { AttnKind::Sliding } else { AttnKind::Full })
+            .collect();
+        let any_swa = is_swa.iter().any(|&s| s);
+
+        // Head dims: K and V lengths must agree per type (llama.cpp throws too).
+        let hd_full = m.positive(
+            &k("attention.key_length"),
+            m.uint(&k("attention.key_length"))?,
+        )?;
+        let vd_full = m.uint(&k("attention.value_length"))?;
+        if vd_full != hd_full {
+            return Err(m.invalid(
+                &k("attention.value_length"),
+                format!("{vd_full} differs from key_length {hd_full}"),
+            ));
+        }
+        let hd_swa_key = k("attention.key_length_swa");
+        let hd_swa = if any_swa {
+            m.positive(&hd_swa_key, m.uint(&hd_swa_key)?)?
+        } else {
+            m.opt_uint(&hd_swa_key)?.unwrap_or(hd_full)
+        };
+        let vd_swa_key = k("attention.value_length_swa");
+        let vd_swa = if any_swa {
+            m.uint(&vd_swa_key)?
+        } else {
+            m.opt_uint(&vd_swa_key)?.unwrap_or(hd_swa)
+        };
+        if vd_swa != hd_swa {
+            return Err(m.invalid(
+                &vd_swa_key,
+                format!("{vd_swa} differs from key_length_swa {hd_swa}"),
+            ));
+        }
+        for (key, hd) in [
+            (k("attention.key_length"), hd_full),
+            (hd_swa_key.clone(), hd_swa),
+        ] {
+            if hd % 2 != 0 {
+                return Err(m.invalid(
+                    &key,
+                    format!("head dim {hd} must be even (NeoX RoPE pairs)"),
+                ));
+            }
+        }
+
+        let heads_key = k("attention.head_count");
+        let n_heads = m.uint_per_layer(&heads_key, n_layers)?;
+        let kv_key = k("attention.head_count_kv");
+        let n_kv = m.uint_per_layer(&kv_key, n_layers)?;
+        let ffn_key = k("feed_forward_length");
+        let ffn = m.uint_per_layer(&ffn_key, n_layers)?;
+        for i in 0..n_layers {
+            let at = |key: &str, r: String| m.invalid(key, format!("layer {i}: {r}"));
+            if n_heads[i] == 0 {
+                return Err(at(&heads_key, "0 heads".into()));
+            }
+            if n_kv[i] == 0 || n_heads[i] % n_kv[i] != 0 {
+                return Err(at(
+                    &kv_key,
+                    format!(
+                        "{} KV heads do not divide {} query heads",
+                        n_kv[i], n_heads[i]
+                    ),
+                ));
+            }
+            if ffn[i] == 0 {
+                return Err(at(&ffn_key, "FFN width 0".into()));
+            }
+        }
+
+        let window_key = k("attention.sliding_window");
+        let sliding_window = if any_swa {
+            m.positive(&window_key, m.uint(&window_key)?)?
+        } else {
+            m.opt_uint(&window_key)?.unwrap_or(0)
+        };
+        let eps_key = k("attention.layer_norm_rms_epsilon");
+        let rms_eps = m.float(&eps_key)?;
+        if !(rms_eps.is_finite() && rms_eps > 0.0) {
+            return Err(m.invalid(
+                &eps_key,
+                format!("{rms_eps} is not a positive finite number"),
+            ));
+        }
+        let ple_dim = m
+            .opt_uint(&k("embedding_length_per_layer_input"))?
+            .unwrap_or(0);
+        let shared_key = k("attention.shared_kv_layers");
+        let n_kv_shared_layers = m.opt_uint(&shared_key)?.unwrap_or(0);
+        if n_kv_shared_layers >= n_layers && n_kv_shared_layers > 0 {
+            return Err(m.invalid(
+                &shared_key,
+                format!(
+                    "{n_kv_shared_layers} shared layers leave no layer of the {n_layers} to own KV"
+                ),
+            ));
+        }
+        let softcap_key = k("final_logit_softcapping");
+        let softcap = m.opt_float(&softcap_key)?.unwrap_or(30.0);
+        if !softcap.is_finite() || softcap < 0.0 {
+            return Err(m.invalid(&softcap_key, format!("{softcap} is not a finite cap >= 0")));
+        }
+        let final_logit_softcap = (softcap > 0.0).then_some(softcap);
+
+        // RoPE. Defaults follow llama.cpp: dims = head dim, base 10 000 and
+        // the SWA base equal to the full one when its key is absent.
+        let rope_dims_key = k("rope.dimension_count");
+        let rope_dims_full = m.opt_uint(&rope_dims_key)?.unwrap_or(hd_full);
+        let rope_dims_swa_key = k("rope.dimension_count_swa");
+        let rope_dims_swa = m.opt_uint(&rope_dims_swa_key)?.unwrap_or(hd_swa);
+        for (key, dims, hd) in [
+            (&rope_dims_key, rope_dims_full, hd_full),
+            (&rope_dims_swa_key, rope_dims_swa, hd_swa),
+        ] {
+            if dims == 0 || dims % 2 != 0 || dims > hd {
+                return Err(m.invalid(
+                    key,
+                    format!("{dims} must be even, > 0 and <= head dim {hd}"),
+                ));
+            }
+        }
+        let base_full = m.opt_float(&k("rope.freq_base"))?.unwrap_or(10_000.0);
+        let base_swa = m.opt_float(&k("rope.freq_base_swa"))?.unwrap_or(base_full);
+        for (key, base) in [
+            (k("rope.freq_base"), base_full),
+            (k("rope.freq_base_swa"), base_swa),
+        ] {
+            if !(base.is_finite() && base > 0.0) {
+                return Err(m.invalid(&key, format!("{base} is not a positive finite base")));
+            }
+        }
+        let freq_factors = read_rope_freqs(f, rope_dims_full)?;
+
+        // Vocab: the tokenizer's token count when present, else token_embd.
+        let vocab_size = match f.get("tokenizer.ggml.tokens") {
+            Some(v) => v
+                .as_array()
+                .map(|a| a.len())
+                .ok_or_else(|| m.wrong("tokenizer.ggml.tokens", "an array of strings", v))?,
+            None => {
+                let t = f.tensor("token_embd.weight").ok_or_else(|| {
+                    ConfigError::new(
+                        f.path(),
+                        "tensor 'token_embd.weight'",
+                        ConfigErrorKind::MissingTensor,
+                    )
+                })?;
+                match t.dims.as_slice() {
+                    [_, v] => usize::try_from(*v).unwrap_or(usize::MAX),
+                    _ => {
+                        return Err(ConfigError::new(
+                            f.path(),
+                            "tensor 'token_embd.weight'",
+                            ConfigErrorKind::InvalidValue(format!(
+                                "expected 2 dims [d_model, vocab], found {:?}",
+                                t.dims
+                            )),
+                        ))
+                    }
+                }
+            }
+        };
+        if vocab_size == 0 {
+            return Err(m.invalid("tokenizer.ggml.tokens", "empty vocab"));
+        }
+
+        let donors = resolve_kv_donors(&kinds, n_kv_shared_layers).map_err(|layer| {
+            ConfigError::new(
+                f.path(),
+                format!("layer {layer}"),
+                ConfigErrorKind::NoDonor {
+                    layer,
+                    kind: kinds[layer].short_name(),
+                },
+            )
+        })?;
+
+        let mut layers: Vec<LayerConfig> = Vec::with_capacity(n_layers);
+        for i in 0..n_layers {
+            let kind = kinds[i];
+            let head_dim = match kind {
+                AttnKind::Sliding => hd_swa,
+                AttnKind::Full => hd_full,
+            };
+            let has_v = f.tensor(&format!("blk.{i}.attn_v.weight")).is_some();
+            let k_eq_v = match donors[i] {
+                None => !has_v,
+                // A shared layer computes no K/V; it inherits the donor's
+                // V rule so its plan lists the same K/V tensors.
+                Some(d) => layers[d].k_eq_v,
+            };
+            if let Some(d) = donors[i] {
+                if n_kv[d] != n_kv[i] {
+                    return Err(m.invalid(
+                        &kv_key,
+                        format!(
+                            "layer {i} reads layer {d}'s KV cache but has {} KV heads, the donor {}",
+                            n_kv[i], n_kv[d]
+                        ),
+                    ));
+                }
+            }
+            layers.push(LayerConfig {
+                index: i,
+                kind,
+                head_dim,
+                n_heads: n_heads[i],
+                n_kv_heads: n_kv[i],
+                ffn_dim: ffn[i],
+                kv_donor: donors[i],
+                k_eq_v,
+                has_layer_scale: f
+                    .tensor(&format!("blk.{i}.layer_output_scale.weight"))
+                    .is_some(),
+            });
+        }
+
+        Ok(Gemma4Config {
+            name,
+            d_model,
+            n_layers,
+            vocab_size,
+            context_length,
+            sliding_window,
+            rms_eps,
+            ple_dim,
+            n_kv_shared_layers,
+            final_logit_softcap,
+            rope_swa: RopeConfig {
+                freq_base: base_swa,
+                dims: rope_dims_swa,
+                freq_factors: None,
+            },
+            rope_full: RopeConfig {
+                freq_base: base_full,
+                dims: rope_dims_full,
+                freq_factors,
+            },
+            layers,
+        })
+    }
+}
+
+/// `rope_freqs.weight` values (dequantized), or `None` when the file has
+/// no such tensor. Its length must be `rope_dims / 2`.
+fn read_rope_freqs(f: &GgufFile, rope_dims: usize) -> Result<Option<Vec<f32>>, ConfigError> {
+    let name = "rope_freqs.weight";
+    let Some(t) = f.tensor(name) else {
+        return Ok(None);
+    };
+    let err = |kind| ConfigError::new(f.path(), format!("tensor '{name}'"), kind);
+    let expected = vec![(rope_dims / 2) as u64];
+    if t.dims != expected {
+        return Err(err(ConfigErrorKind::TensorShape {
+            expected,
+            found: t.dims.clone(),
+        }));
+    }
+    if !t.ty.can_dequantize() {
+        return Err(err(ConfigErrorKind::UnsupportedType(
+            t.ty.name().to_string(),
+        )));
+    }
+    let mut out = vec![0f32; rope_dims / 2];
+    gemtune_kernels::quant::dequantize_row(t.ty, f.tensor_data(t), &mut out)
+        .map_err(|e| err(ConfigErrorKind::Data(e.to_string())))?;
+    if let Some(bad) = out.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+        return Err(err(ConfigErrorKind::InvalidValue(format!(
+            "frequency factor {bad} is not a positive finite number"
+        ))));
+    }
+    Ok(Some(out))
+}

@@ -3,8 +3,35 @@
 //!
 //! - `quant`: GGML block formats on the CPU (dequantize / quantize rows).
 //! - `oracle`: plain scalar reference ops with f64 accumulation.
+//! - `source`, `defines`, `compile`: embedded `.cu` sources, NVRTC options,
+//!   cubin compilation with an on-disk cache and ptxas resource counts.
+//! - `family`, `families`: per-family validation, geometry and workloads.
+//! - `gpu`, `check`, `timing`: the device wrapper, correctness checks,
+//!   event timing in two cache regimes and bandwidth ceilings.
 //!
 //! This crate knows nothing of TOML files, CLIs or models: shapes are numbers.
 
+pub mod check;
+pub mod compile;
+pub mod defines;
+pub mod families;
+pub mod family;
+pub mod gpu;
 pub mod oracle;
 pub mod quant;
+pub mod source;
+pub mod timing;
+pub mod workload;
+
+pub use check::{check_variant, compare, CheckReport, Tolerance};
+pub use compile::{
+    compile, default_cache_dir, nvrtc_available, Arch, CompileError, CompiledVariant,
+    FunctionResources,
+};
+pub use defines::{DefineValue, Defines};
+pub use family::{
+    families, family, Contract, DeviceLimits, Family, LaunchGeometry, MatmulProblem, Problem,
+};
+pub use gpu::{DeviceInfo, Gpu, GpuError};
+pub use timing::{measure_ceilings, time_variant, Ceilings, Regime, Timing, TimingConfig};
+pub use workload::OpKind;

@@ -1,1 +1,448 @@
 //! Synthetic Gemma 4 models with the exact layout of the published files.
+//!
+//! A synthetic file has the metadata keys of a published `gemma4` GGUF
+//! (spec §4.1), the tensor names, shapes and count of `plan::tensor_plan`,
+//! the synthetic BPE vocab of the tokenizer module, and random weights
+//! scaled so activations stay O(1) through every layer:
+//! - projections: symmetric, std 1/sqrt(fan_in) (fan_in = ne0);
+//! - `token_embd`: std 1/sqrt(d) (×sqrt(d) at lookup gives O(1));
+//!   `per_layer_token_embd`: std 1/sqrt(P) (×sqrt(P) at lookup);
+//! - norm weights uniform in [0.5, 1.5], except `attn_k_norm` in
+//!   [0.08, 0.2]: with attention scale 1.0, published K norms are ≈0.12
+//!   (spec §6.1), which keeps the q·k logits O(1–3) instead of O(16–22)
+//!   and the softmax far from one-hot;
+//! - `layer_output_scale` uniform in [0.1, 0.9] (published values are
+//!   well below 1);
+//! - `rope_freqs` exactly the converter's factors.
+//!
+//! Storage: 2-D matrices in the requested type; 1-D tensors F32; the two
+//! embedding tables as published files store them: Q8_0 for a q8_0 file,
+//! Q6_K for a q4_0 file (Q8_0 when the row is not a multiple of 256, as
+//! llama.cpp's quantizer falls back), the requested type for f32/f16.
+
+pub mod presets;
+pub mod weights;
+
+use crate::config::Gemma4Config;
+use crate::gguf::{GgufError, GgufFile, GgufValue, GgufValueType, GgufWriter, TensorInfo};
+use crate::plan::{tensor_plan, TensorRole, TensorSpec};
+use crate::tokenizer::{train::build_synth_vocab, TokenizerError};
+use gemtune_kernels::quant::GgmlType;
+use std::collections::HashMap;
+use std::path::Path;
+use weights::{fill_tensor, Dist, FillError};
+
+/// The synthetic model variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SynthVariant {
+    Tiny,
+    E2b,
+    E4b,
+    B12,
+    B31,
+}
+
+impl SynthVariant {
+    pub const ALL: [SynthVariant; 5] = [
+        SynthVariant::Tiny,
+        SynthVariant::E2b,
+        SynthVariant::E4b,
+        SynthVariant::B12,
+        SynthVariant::B31,
+    ];
+
+    /// CLI name: tiny, e2b, e4b, 12b, 31b.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthVariant::Tiny => "tiny",
+            SynthVariant::E2b => "e2b",
+            SynthVariant::E4b => "e4b",
+            SynthVariant::B12 => "12b",
+            SynthVariant::B31 => "31b",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<SynthVariant> {
+        SynthVariant::ALL.into_iter().find(|v| v.name() == s)
+    }
+}
+
+/// Storage type of the 2-D weight matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightType {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+}
+
+impl WeightType {
+    pub const ALL: [WeightType; 4] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+    ];
+
+    /// CLI name: f32, f16, q8_0, q4_0.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "f32",
+            WeightType::F16 => "f16",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q4_0 => "q4_0",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<WeightType> {
+        WeightType::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    pub fn matrix_type(self) -> GgmlType {
+        match self {
+            WeightType::F32 => GgmlType::F32,
+            WeightType::F16 => GgmlType::F16,
+            WeightType::Q8_0 => GgmlType::Q8_0,
+            WeightType::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+
+    /// Type of an embedding table whose rows have `row` elements.
+    pub fn embedding_type(self, row: u64) -> GgmlType {
+        match self {
+            WeightType::Q4_0 if row % 256 == 0 => GgmlType::Q6K,
+            WeightType::Q4_0 => GgmlType::Q8_0,
+            other => other.matrix_type(),
+        }
+    }
+
+    /// llama.cpp `general.file_type` (LLAMA_FTYPE_ALL_F32 = 0,
+    /// MOSTLY_F16 = 1, MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7).
+    pub fn file_type(self) -> u32 {
+        match self {
+            WeightType::F32 => 0,
+            WeightType::F16 => 1,
+            WeightType::Q4_0 => 2,
+            WeightType::Q8_0 => 7,
+        }
+    }
+}
+
+/// Options of a synthetic model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynthOptions {
+    /// Overrides the variant's vocab (must hold the special and byte tokens).
+    pub vocab: Option<usize>,
+    pub seed: u64,
+}
+
+/// What was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynthSummary {
+    pub tensors: usize,
+    /// File size in bytes.
+    pub bytes: u64,
+    pub parameters: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error(transparent)]
+    Vocab(#[from] TokenizerError),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+}
+
+/// The published config of a variant (vocab 262,144; tiny 2,048).
+pub fn preset(v: SynthVariant) -> Gemma4Config {
+    match v {
+        SynthVariant::Tiny => presets::tiny(),
+        SynthVariant::E2b => presets::e2b(),
+        SynthVariant::E4b => presets::e4b(),
+        SynthVariant::B12 => presets::b12(),
+        SynthVariant::B31 => presets::b31(),
+    }
+}
+
+/// The config a synthetic file of `v` with `opts` describes.
+pub fn synth_config(v: SynthVariant, opts: &SynthOptions) -> Gemma4Config {
+    let mut cfg = preset(v);
+    if let Some(n) = opts.vocab {
+        cfg.vocab_size = n;
+    }
+    cfg
+}
+
+/// Storage type of one planned tensor in a file of weight type `w`.
+pub fn tensor_type(spec: &TensorSpec, w: WeightType) -> GgmlType {
+    match spec.role {
+        TensorRole::Embedding => w.embedding_type(spec.dims[0]),
+        TensorRole::Matrix => {
+            let ty = w.matrix_type();
+            if spec.dims[0] % ty.block_size() as u64 == 0 {
+                ty
+            } else {
+                GgmlType::F16
+            }
+        }
+        TensorRole::Vector | TensorRole::Scalar | TensorRole::RopeFreqs => GgmlType::F32,
+    }
+}
+
+/// Value distribution of one planned tensor (see the module docs).
+pub fn tensor_dist(cfg: &Gemma4Config, spec: &TensorSpec) -> Dist {
+    match spec.role {
+        TensorRole::Embedding => {
+            let width = if spec.name == "token_embd.weight" {
+                cfg.d_model
+            } else {
+                cfg.ple_dim.max(1)
+            };
+            Dist::Symmetric {
+                std: 1.0 / (width as f32).sqrt(),
+            }
+        }
+        TensorRole::Matrix => Dist::Symmetric {
+            std: 1.0 / (spec.dims[0] as f32).sqrt(),
+        },
+        TensorRole::Vector if spec.name.ends_with("attn_k_norm.weight") => {
+            Dist::Range { lo: 0.08, hi: 0.2 }
+        }
+        TensorRole::Vector => Dist::Range { lo: 0.5, hi: 1.5 },
+        TensorRole::Scalar => Dist::Range { lo: 0.1, hi: 0.9 },
+        TensorRole::RopeFreqs => {
+            Dist::Exact(cfg.rope_full.freq_factors.clone().unwrap_or_default())
+        }
+    }
+}
+
+fn uint_or_array(values: impl Iterator<Item = usize>) -> GgufValue {
+    let v: Vec<u32> = values.map(|x| x as u32).collect();
+    if v.windows(2).all(|w| w[0] == w[1]) && !v.is_empty() {
+        GgufValue::U32(v[0])
+    } else {
+        GgufValue::array(GgufValueType::U32, v)
+    }
+}
+
+/// The `general.*` and `gemma4.*` metadata of a config (spec §4.1).
+pub fn model_metadata(cfg: &Gemma4Config, w: WeightType) -> Vec<(String, GgufValue)> {
+    let hd = |kind| {
+        cfg.layers
+            .iter()
+            .find(|l| l.kind == kind)
+            .map(|l| l.head_dim)
+            .unwrap_or(0) as u32
+    };
+    let hd_full = hd(crate::config::AttnKind::Full);
+    let hd_swa = hd(crate::config::AttnKind::Sliding);
+    let a = |k: &str| format!("gemma4.{k}");
+    let mut m: Vec<(String, GgufValue)> = vec![
+        ("general.architecture".into(), "gemma4".into()),
+        (
+            "general.name".into(),
+            cfg.name.clone().unwrap_or_else(|| "gemma4".into()).into(),
+        ),
+        ("general.file_type".into(), GgufValue::U32(w.file_type())),
+        ("general.quantization_version".into(), GgufValue::U32(2)),
+        ("general.alignment".into(), GgufValue::U32(32)),
+        (
+            a("context_length"),
+            GgufValue::U32(cfg.context_length as u32),
+        ),
+        (a("embedding_length"), GgufValue::U32(cfg.d_model as u32)),
+        (a("block_count"), GgufValue::U32(cfg.n_layers as u32)),
+        (
+            a("feed_forward_length"),
+            uint_or_array(cfg.layers.iter().map(|l| l.ffn_dim)),
+        ),
+        (
+            a("attention.head_count"),
+            uint_or_array(cfg.layers.iter().map(|l| l.n_heads)),
+        ),
+        (
+            a("attention.head_count_kv"),
+            uint_or_array(cfg.layers.iter().map(|l| l.n_kv_heads)),
+        ),
+        (a("attention.key_length"), GgufValue::U32(hd_full)),
+        (a("attention.value_length"), GgufValue::U32(hd_full)),
+        (a("attention.key_length_swa"), GgufValue::U32(hd_swa)),
+        (a("attention.value_length_swa"), GgufValue::U32(hd_swa)),
+        (
+            a("rope.dimension_count"),
+            GgufValue::U32(cfg.rope_full.dims as u32),
+        ),
+        (
+            a("rope.dimension_count_swa"),
+            GgufValue::U32(cfg.rope_swa.dims as u32),
+        ),
+        (a("rope.freq_base"), GgufValue::F32(cfg.rope_full.freq_base)),
+        (
+            a("rope.freq_base_swa"),
+            GgufValue::F32(cfg.rope_swa.freq_base),
+        ),
+        (
+            a("attention.sliding_window"),
+            GgufValue::U32(cfg.sliding_window as u32),
+        ),
+        (
+            a("attention.sliding_window_pattern"),
+            GgufValue::array(
+                GgufValueType::Bool,
+                cfg.layers
+                    .iter()
+                    .map(|l| l.kind == crate::config::AttnKind::Sliding),
+            ),
+        ),
+        (
+            a("attention.layer_norm_rms_epsilon"),
+            GgufValue::F32(cfg.rms_eps),
+        ),
+        (
+            a("attention.shared_kv_layers"),
+            GgufValue::U32(cfg.n_kv_shared_layers as u32),
+        ),
+        (
+            a("embedding_length_per_layer_input"),
+            GgufValue::U32(cfg.ple_dim as u32),
+        ),
+    ];
+    if let Some(cap) = cfg.final_logit_softcap {
+        m.push((a("final_logit_softcapping"), GgufValue::F32(cap)));
+    }
+    m
+}
+
+/// A synthetic model ready to be written: its config, a writer holding
+/// all metadata and tensor infos, and the per-tensor distributions.
+/// Tests may edit `writer` (or build another from its metadata and
+/// tensors) before writing with `filler`.
+pub struct SynthModel {
+    pub config: Gemma4Config,
+    pub writer: GgufWriter,
+    pub seed: u64,
+    dists: Dists,
+}
+
+impl SynthModel {
+    pub fn new(v: SynthVariant, w: WeightType, opts: &SynthOptions) -> Result<Self, SynthError> {
+        let config = synth_config(v, opts);
+        Self::from_config(config, w, opts.seed)
+    }
+
+    /// A synthetic file for any config (vocab built for `config.vocab_size`).
+    pub fn from_config(config: Gemma4Config, w: WeightType, seed: u64) -> Result<Self, SynthError> {
+        let vocab = build_synth_vocab(config.vocab_size)?;
+        let mut writer = GgufWriter::new();
+        for (k, v) in model_metadata(&config, w) {
+            writer.add_metadata(k, v);
+        }
+        for (k, v) in vocab.to_gguf_metadata() {
+            writer.add_metadata(k, v);
+        }
+        let mut dists = HashMap::new();
+        for (i, spec) in tensor_plan(&config).into_iter().enumerate() {
+            writer.add_tensor(spec.name.clone(), spec.dims.clone(), tensor_type(&spec, w))?;
+            let dist = tensor_dist(&config, &spec);
+            dists.insert(spec.name.clone(), (i as u64, spec.dims.clone(), dist));
+        }
+        Ok(SynthModel {
+            config,
+            writer,
+            seed,
+            dists,
+        })
+    }
+
+    /// The fill callback for `GgufWriter::write_with`: generates each
+    /// tensor by name (tensors unknown to the plan, or re-shaped, get a
+    /// generic distribution), so it also fills edited writers.
+    pub fn filler(
+        &self,
+    ) -> impl Fn(usize, &TensorInfo, &mut [u8]) -> Result<(), FillError> + Sync + '_ {
+        filler(&self.dists, self.seed)
+    }
+
+    pub fn summary(&self) -> SynthSummary {
+        let infos = self.writer.tensor_infos();
+        SynthSummary {
+            tensors: infos.len(),
+            bytes: self.writer.total_file_size(),
+            parameters: infos.iter().map(TensorInfo::n_elements).sum(),
+        }
+    }
+
+    pub fn write_to_file(self, path: &Path) -> Result<SynthSummary, SynthError> {
+        let summary = self.summary();
+        self.writer
+            .write_with(path, filler(&self.dists, self.seed))?;
+        Ok(summary)
+    }
+
+    pub fn write_to_vec(self) -> Result<Vec<u8>, SynthError> {
+        Ok(self.writer.write_to_vec(filler(&self.dists, self.seed))?)
+    }
+}
+
+/// Tensor name -> (plan index, planned dims, distribution).
+type Dists = HashMap<String, (u64, Vec<u64>, Dist)>;
+
+fn filler(
+    dists: &Dists,
+    seed: u64,
+) -> impl Fn(usize, &TensorInfo, &mut [u8]) -> Result<(), FillError> + Sync + '_ {
+    move |i, info, dst| {
+        let fallback;
+        let (index, dist) = match dists.get(&info.name) {
+            Some((index, dims, dist)) if *dims == info.dims => (*index, dist),
+            // A tensor unknown to the plan, or re-shaped by an edit: a
+            // generic distribution for its rank.
+            _ => {
+                fallback = match info.dims.as_slice() {
+                    [_] => Dist::Range { lo: 0.5, hi: 1.5 },
+                    dims => Dist::Symmetric {
+                        std: 1.0 / (dims.first().copied().unwrap_or(1).max(1) as f32).sqrt(),
+                    },
+                };
+                ((1u64 << 32) + i as u64, &fallback)
+            }
+        };
+        let n = usize::try_from(info.n_elements()).map_err(|_| FillError::Size {
+            expected: usize::MAX,
+            found: dst.len(),
+        })?;
+        fill_tensor(info.ty, dist, n, seed, index, dst)
+    }
+}
+
+/// Writes a synthetic model to `path`.
+pub fn synth_to_file(
+    v: SynthVariant,
+    w: WeightType,
+    path: impl AsRef<Path>,
+    opts: SynthOptions,
+) -> Result<SynthSummary, SynthError> {
+    SynthModel::new(v, w, &opts)?.write_to_file(path.as_ref())
+}
+
+/// A synthetic model in memory (meant for tiny: tests, the built-in model).
+pub fn synth_to_vec(
+    v: SynthVariant,
+    w: WeightType,
+    opts: SynthOptions,
+) -> Result<Vec<u8>, SynthError> {
+    SynthModel::new(v, w, &opts)?.write_to_vec()
+}
+
+/// Label of the built-in model's in-memory file.
+pub const BUILTIN_TINY_LABEL: &str = "builtin:tiny";
+
+/// The built-in model: tiny, Q8_0 matrices (the quantized path), seed 0.
+pub fn builtin_tiny() -> Result<GgufFile, SynthError> {
+    let bytes = synth_to_vec(
+        SynthVariant::Tiny,
+        WeightType::Q8_0,
+        SynthOptions::default(),
+    )?;
+    Ok(GgufFile::from_bytes(bytes, BUILTIN_TINY_LABEL)?)
+}

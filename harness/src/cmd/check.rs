@@ -1,10 +1,167 @@
-//! `gemtune check` (being built).
+//! `gemtune check [FAMILY...]`: every variant of every family on every shape
+//! against the CPU oracle (or, with `--compile-only`, compiled for an arch
+//! with its registers, spills and shared memory). Prints a table, writes
+//! `check.csv`, exits 0 pass / 3 correctness failure / 4 infrastructure.
 
 use crate::exit::Exit;
+use gemtune::checker::{self, CheckOptions, CheckOutcome};
+use gemtune::results::{write_csv, CheckRow};
+use gemtune::util::{clip, sci};
+use gemtune_kernels::compile::Arch;
+use gemtune_kernels::gpu::Gpu;
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Families to check (all registered families when none); "a,b" lists work too.
+    pub families: Vec<String>,
+    /// Only these variant ids ("NAME*" matches a prefix); repeatable.
+    #[arg(long = "variant")]
+    pub variants: Vec<String>,
+    /// Shapes file(s): a path, or a bare name in variants/shapes/ (default: each spec's `shapes`).
+    #[arg(long)]
+    pub shapes: Vec<String>,
+    /// Only these token counts, e.g. --tokens 1,8,512.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Vec<usize>,
+    /// Only shapes whose name starts with this (e.g. e4b.ffn_up); repeatable.
+    #[arg(long = "shape")]
+    pub shape_filter: Vec<String>,
+    /// Compile only (no GPU needed): registers, spills, shared memory per variant.
+    #[arg(long)]
+    pub compile_only: bool,
+    /// Target architecture for --compile-only (default sm_90); must match the GPU otherwise.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Report directory (default reports/check-<timestamp>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The variants/ directory (default: found from the current directory).
+    #[arg(long)]
+    pub variants_dir: Option<PathBuf>,
+    /// Bypass the on-disk cubin cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Check shapes with more tokens than this at this many tokens instead.
+    #[arg(long)]
+    pub check_max_m: Option<usize>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<Exit> {
-    anyhow::bail!("`gemtune check` is not built yet")
+pub fn run(a: Args) -> anyhow::Result<Exit> {
+    let vdir = gemtune::spec::variants_dir(a.variants_dir.as_deref());
+    let jobs = match checker::load_jobs(
+        &vdir,
+        &a.families,
+        &a.shapes,
+        &a.variants,
+        &a.tokens,
+        &a.shape_filter,
+    ) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(Exit::Infra);
+        }
+    };
+    let arch_arg: Option<Arch> = match a.arch.as_deref().map(str::parse::<Arch>).transpose() {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("error: --arch: {e}");
+            return Ok(Exit::Infra);
+        }
+    };
+    let gpu = if a.compile_only {
+        None
+    } else {
+        match Gpu::new(0) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("error: {e} (use --compile-only to compile without a GPU)");
+                return Ok(Exit::Infra);
+            }
+        }
+    };
+    let arch = match (&gpu, arch_arg) {
+        (Some(g), Some(x)) if g.arch() != x => {
+            eprintln!("error: --arch {x} but the GPU is {}", g.arch());
+            return Ok(Exit::Infra);
+        }
+        (Some(g), _) => g.arch(),
+        (None, x) => x.unwrap_or(Arch(90)),
+    };
+    let opts = CheckOptions {
+        arch,
+        compile_only: a.compile_only,
+        cache: if a.no_cache {
+            None
+        } else {
+            gemtune_kernels::compile::default_cache_dir()
+        },
+        check_max_m: a.check_max_m,
+    };
+    let outcome = checker::run_check(&jobs, gpu.as_ref(), &opts, |m| eprintln!("{m}"));
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("reports/check-{}", gemtune::util::timestamp())));
+    std::fs::create_dir_all(&out)?;
+    print_table(&outcome.rows);
+    let csv = out.join("check.csv");
+    write_csv(&csv, &outcome.rows)?;
+    eprintln!("wrote {}", csv.display());
+    Ok(verdict(&outcome))
+}
+
+pub fn verdict(o: &CheckOutcome) -> Exit {
+    for e in &o.infra {
+        eprintln!("infrastructure: {e}");
+    }
+    if !o.infra.is_empty() {
+        Exit::Infra
+    } else if o.failures > 0 {
+        eprintln!("{} variant x shape cells failed", o.failures);
+        Exit::Correctness
+    } else {
+        Exit::Pass
+    }
+}
+
+pub fn print_table(rows: &[CheckRow]) {
+    println!(
+        "{:<14} {:<34} {:<28} {:<13} {:>9} {:>9} {:>9} {:>5} {:>6} {:>7}  note",
+        "family",
+        "variant",
+        "shape",
+        "verdict",
+        "rms_rel",
+        "max_rel",
+        "replay",
+        "regs",
+        "spill",
+        "smem"
+    );
+    for r in rows {
+        let smem = match (r.static_smem, r.dyn_smem) {
+            (None, None) => "-".to_string(),
+            (s, d) => (s.unwrap_or(0) + d.unwrap_or(0)).to_string(),
+        };
+        let note = if r.verdict == "pass" || r.verdict == "compiled" {
+            String::new()
+        } else {
+            clip(&r.reason, 120)
+        };
+        println!(
+            "{:<14} {:<34} {:<28} {:<13} {:>9} {:>9} {:>9} {:>5} {:>6} {:>7}  {}",
+            r.family,
+            clip(&r.variant, 34),
+            clip(&r.shape, 28),
+            r.verdict,
+            sci(r.rms_rel),
+            sci(r.max_rel),
+            sci(r.replay_rms_rel),
+            r.registers.map_or("-".into(), |v| v.to_string()),
+            r.spill_bytes.map_or("-".into(), |v| v.to_string()),
+            smem,
+            note
+        );
+    }
 }

@@ -1,10 +1,103 @@
-//! `gemtune synth` (being built).
+//! `gemtune synth VARIANT WTYPE OUT.gguf [--vocab N] [--seed S]`: writes a
+//! random-weight GGUF with the exact layout of a published Gemma 4 file
+//! (engine::synth) and prints what it wrote.
 
 use crate::exit::Exit;
+use anyhow::Context;
+use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Variant {
+    /// Every Gemma 4 feature at CPU-milliseconds size (d 128, 6 layers, vocab 2048).
+    Tiny,
+    /// Gemma 4 E2B (35 layers, PLE, 20 KV-shared layers, 4.65 B parameters).
+    E2b,
+    /// Gemma 4 E4B (42 layers, PLE, 18 KV-shared layers, 7.52 B parameters).
+    E4b,
+    /// Gemma 4 12B (48 layers, k_eq_v full layers, 11.9 B parameters).
+    #[value(name = "12b")]
+    B12,
+    /// Gemma 4 31B (60 layers, k_eq_v full layers, 30.7 B parameters).
+    #[value(name = "31b")]
+    B31,
+}
+
+impl From<Variant> for SynthVariant {
+    fn from(v: Variant) -> SynthVariant {
+        match v {
+            Variant::Tiny => SynthVariant::Tiny,
+            Variant::E2b => SynthVariant::E2b,
+            Variant::E4b => SynthVariant::E4b,
+            Variant::B12 => SynthVariant::B12,
+            Variant::B31 => SynthVariant::B31,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Wtype {
+    F32,
+    F16,
+    /// Q8_0 matrices and embedding tables.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Q4_0 matrices, Q6_K embedding tables.
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl From<Wtype> for WeightType {
+    fn from(w: Wtype) -> WeightType {
+        match w {
+            Wtype::F32 => WeightType::F32,
+            Wtype::F16 => WeightType::F16,
+            Wtype::Q8_0 => WeightType::Q8_0,
+            Wtype::Q4_0 => WeightType::Q4_0,
+        }
+    }
+}
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Model variant.
+    #[arg(value_enum)]
+    pub variant: Variant,
+    /// Storage type of the 2-D weight matrices (1-D tensors are always F32).
+    #[arg(value_enum)]
+    pub wtype: Wtype,
+    /// Output GGUF path (created or overwritten).
+    pub out: PathBuf,
+    /// Vocab size instead of the variant's (must hold the special and byte tokens).
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// Seed of the random weights (same seed, same bytes).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<Exit> {
-    anyhow::bail!("`gemtune synth` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<Exit> {
+    let variant = SynthVariant::from(args.variant);
+    let wtype = WeightType::from(args.wtype);
+    let opts = SynthOptions {
+        vocab: args.vocab,
+        seed: args.seed,
+    };
+    let start = Instant::now();
+    let summary = synth_to_file(variant, wtype, &args.out, opts)
+        .with_context(|| format!("{}: cannot write the synthetic model", args.out.display()))?;
+    let seconds = start.elapsed().as_secs_f64();
+    println!(
+        "wrote {} ({} {}, seed {})",
+        args.out.display(),
+        variant.name(),
+        wtype.name(),
+        args.seed
+    );
+    println!("tensors     {}", summary.tensors);
+    println!("bytes       {}", summary.bytes);
+    println!("parameters  {}", summary.parameters);
+    println!("seconds     {seconds:.3}");
+    Ok(Exit::Pass)
 }

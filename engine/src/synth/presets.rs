@@ -1,0 +1,204 @@
+//! The published Gemma 4 text-decoder configs (spec §2) and `tiny`, a
+//! CPU-milliseconds model with every feature of the family.
+
+use crate::config::{
+    proportional_rope_factors, resolve_kv_donors, AttnKind, Gemma4Config, LayerConfig, RopeConfig,
+};
+
+/// Published vocab of every released variant.
+pub const GEMMA4_VOCAB: usize = 262_144;
+/// Vocab of `tiny`.
+pub const TINY_VOCAB: usize = 2048;
+
+/// Head dims shared by every variant: 256 on SWA layers, 512 on full layers.
+const HD_SWA: usize = 256;
+const HD_FULL: usize = 512;
+
+/// Everything a preset varies; the rest is common to the family.
+struct Shape {
+    name: &'static str,
+    d_model: usize,
+    /// `true` = SWA, one per layer.
+    pattern: Vec<bool>,
+    n_heads: usize,
+    kv_swa: usize,
+    kv_full: usize,
+    /// Full layers have no `attn_v` (V = raw K projection).
+    k_eq_v_full: bool,
+    ffn: Vec<usize>,
+    window: usize,
+    ple_dim: usize,
+    n_shared: usize,
+    context: usize,
+    vocab: usize,
+}
+
+/// `groups` repetitions of `swa` SWA layers followed by one full layer.
+fn pattern(swa: usize, groups: usize) -> Vec<bool> {
+    (0..groups)
+        .flat_map(|_| std::iter::repeat_n(true, swa).chain(std::iter::once(false)))
+        .collect()
+}
+
+fn build(s: Shape) -> Gemma4Config {
+    let n_layers = s.pattern.len();
+    let kinds: Vec<AttnKind> = s
+        .pattern
+        .iter()
+        .map(|&swa| {
+            if swa {
+                AttnKind::Sliding
+            } else {
+                AttnKind::Full
+            }
+        })
+        .collect();
+    // Presets are written so that every shared layer has a donor.
+    let donors = resolve_kv_donors(&kinds, s.n_shared)
+        .unwrap_or_else(|l| unreachable!("preset {} has no KV donor for layer {l}", s.name));
+    let layers = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &kind)| {
+            let full = kind == AttnKind::Full;
+            LayerConfig {
+                index: i,
+                kind,
+                head_dim: if full { HD_FULL } else { HD_SWA },
+                n_heads: s.n_heads,
+                n_kv_heads: if full { s.kv_full } else { s.kv_swa },
+                ffn_dim: s.ffn[i],
+                kv_donor: donors[i],
+                k_eq_v: full && s.k_eq_v_full,
+                has_layer_scale: true,
+            }
+        })
+        .collect();
+    Gemma4Config {
+        name: Some(format!("gemma4-{}-synth", s.name)),
+        d_model: s.d_model,
+        n_layers,
+        vocab_size: s.vocab,
+        context_length: s.context,
+        sliding_window: s.window,
+        rms_eps: 1e-6,
+        ple_dim: s.ple_dim,
+        n_kv_shared_layers: s.n_shared,
+        final_logit_softcap: Some(30.0),
+        rope_swa: RopeConfig {
+            freq_base: 10_000.0,
+            dims: HD_SWA,
+            freq_factors: None,
+        },
+        rope_full: RopeConfig {
+            freq_base: 1_000_000.0,
+            dims: HD_FULL,
+            freq_factors: Some(proportional_rope_factors(HD_FULL)),
+        },
+        layers,
+    }
+}
+
+/// tiny: d 128, 6 layers [S,S,F,S,S,F], 4 query heads, KV heads
+/// [2,2,1,2,2,1], window 8, the last 2 layers KV-shared (4 -> 3, 5 -> 2),
+/// FFN 256 (512 on shared layers), PLE 32, k_eq_v on full layers.
+pub fn tiny() -> Gemma4Config {
+    let n_shared = 2;
+    let n_layers = 6;
+    build(Shape {
+        name: "tiny",
+        d_model: 128,
+        pattern: pattern(2, 2),
+        n_heads: 4,
+        kv_swa: 2,
+        kv_full: 1,
+        k_eq_v_full: true,
+        ffn: (0..n_layers)
+            .map(|i| if i >= n_layers - n_shared { 512 } else { 256 })
+            .collect(),
+        window: 8,
+        ple_dim: 32,
+        n_shared,
+        context: 512,
+        vocab: TINY_VOCAB,
+    })
+}
+
+/// E2B: 35 layers, 4 SWA + 1 full, 20 KV-shared layers with a double-wide
+/// FFN (12288) on them.
+pub fn e2b() -> Gemma4Config {
+    build(Shape {
+        name: "e2b",
+        d_model: 1536,
+        pattern: pattern(4, 7),
+        n_heads: 8,
+        kv_swa: 1,
+        kv_full: 1,
+        k_eq_v_full: false,
+        ffn: (0..35)
+            .map(|i| if i >= 15 { 12288 } else { 6144 })
+            .collect(),
+        window: 512,
+        ple_dim: 256,
+        n_shared: 20,
+        context: 131_072,
+        vocab: GEMMA4_VOCAB,
+    })
+}
+
+/// E4B: 42 layers, 5 SWA + 1 full, 18 KV-shared layers.
+pub fn e4b() -> Gemma4Config {
+    build(Shape {
+        name: "e4b",
+        d_model: 2560,
+        pattern: pattern(5, 7),
+        n_heads: 8,
+        kv_swa: 2,
+        kv_full: 2,
+        k_eq_v_full: false,
+        ffn: vec![10240; 42],
+        window: 512,
+        ple_dim: 256,
+        n_shared: 18,
+        context: 131_072,
+        vocab: GEMMA4_VOCAB,
+    })
+}
+
+/// 12B: 48 layers, 5 SWA + 1 full, KV heads 8 (SWA) / 1 (full, k_eq_v).
+pub fn b12() -> Gemma4Config {
+    build(Shape {
+        name: "12b",
+        d_model: 3840,
+        pattern: pattern(5, 8),
+        n_heads: 16,
+        kv_swa: 8,
+        kv_full: 1,
+        k_eq_v_full: true,
+        ffn: vec![15360; 48],
+        window: 1024,
+        ple_dim: 0,
+        n_shared: 0,
+        context: 262_144,
+        vocab: GEMMA4_VOCAB,
+    })
+}
+
+/// 31B: 60 layers, 5 SWA + 1 full, KV heads 16 (SWA) / 4 (full, k_eq_v).
+pub fn b31() -> Gemma4Config {
+    build(Shape {
+        name: "31b",
+        d_model: 5376,
+        pattern: pattern(5, 10),
+        n_heads: 32,
+        kv_swa: 16,
+        kv_full: 4,
+        k_eq_v_full: true,
+        ffn: vec![21504; 60],
+        window: 1024,
+        ple_dim: 0,
+        n_shared: 0,
+        context: 262_144,
+        vocab: GEMMA4_VOCAB,
+    })
+}

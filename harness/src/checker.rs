@@ -1,0 +1,456 @@
+//! The work of `gemtune check`, shared with `tune`: expand each family's
+//! spec, validate every (variant, shape), compile each distinct define set
+//! once (in parallel), and on a GPU run every accepted cell against the
+//! oracle. Everything is recorded as `CheckRow`s; nothing is dropped.
+
+use crate::results::CheckRow;
+use crate::spec::{self, Cell, FamilySpec, Point, Shape};
+use gemtune_kernels::check::check_variant;
+use gemtune_kernels::compile::{compile, Arch, CompiledVariant};
+use gemtune_kernels::defines::{canonical, Defines};
+use gemtune_kernels::family::{DeviceLimits, Family, Problem};
+use gemtune_kernels::gpu::Gpu;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// One family's spec, its expanded points (after the variant filter) and the
+/// shapes to run on.
+pub struct FamilyJob {
+    pub spec: FamilySpec,
+    pub family: &'static dyn Family,
+    pub points: Vec<Point>,
+    pub shapes: Vec<Shape>,
+    /// sha256 of the family's resolved source (with common.cuh inlined).
+    pub source_sha256: String,
+}
+
+/// Seed of the inputs for (family, shape): the first 8 bytes of
+/// sha256("family\nshape").
+pub fn seed_for(family: &str, shape: &str) -> u64 {
+    let h = crate::hash::sha256_hex(format!("{family}\n{shape}").as_bytes());
+    u64::from_str_radix(&h[..16], 16).unwrap_or(0)
+}
+
+/// `--variant` filter: exact ids, or prefixes written `NAME*`.
+pub fn matches_filter(id: &str, filter: &[String]) -> bool {
+    filter.is_empty()
+        || filter.iter().any(|f| match f.strip_suffix('*') {
+            Some(p) => id.starts_with(p),
+            None => id == f,
+        })
+}
+
+pub fn source_sha256(f: &dyn Family) -> String {
+    match gemtune_kernels::source::resolve(f.source_file()) {
+        Ok(t) => crate::hash::sha256_hex(t.as_bytes()),
+        Err(e) => format!("unresolved: {e}"),
+    }
+}
+
+pub struct CheckOptions {
+    pub arch: Arch,
+    pub compile_only: bool,
+    pub cache: Option<PathBuf>,
+    /// Cells whose m exceeds this are checked at m = cap instead (same n, k,
+    /// wtype): the f64 oracle grows with m and the kernel's indexing is the
+    /// same; `None` checks every shape as is.
+    pub check_max_m: Option<usize>,
+}
+
+/// A (family, point, shape) that passed, with what `tune` needs to time it.
+#[derive(Clone)]
+pub struct Passing {
+    pub job: usize,
+    pub point: usize,
+    pub shape: usize,
+    pub defines: Defines,
+    pub dyn_smem: u32,
+    pub cv: Arc<CompiledVariant>,
+}
+
+#[derive(Default)]
+pub struct CheckOutcome {
+    pub rows: Vec<CheckRow>,
+    pub infra: Vec<String>,
+    pub failures: usize,
+    pub passing: Vec<Passing>,
+}
+
+fn nvrtc_str(v: (i32, i32)) -> String {
+    format!("{}.{}", v.0, v.1)
+}
+
+fn base_row(job: &FamilyJob, p: &Point, s: &Shape, arch: Arch, d: &Defines) -> CheckRow {
+    CheckRow {
+        schema_version: crate::results::SCHEMA_VERSION,
+        family: job.family.name().to_string(),
+        variant: p.id.clone(),
+        hash: p.hash.clone(),
+        shape: s.name.clone(),
+        m: s.m,
+        n: s.n,
+        k: s.k,
+        wtype: s.wtype_define(),
+        arch: arch.to_string(),
+        verdict: String::new(),
+        reason: String::new(),
+        contract: crate::spec::family::contract_name(job.family.contract(d)).to_string(),
+        rms_rel: None,
+        max_rel: None,
+        max_abs: None,
+        outliers: None,
+        replay_rms_rel: None,
+        unwritten: None,
+        non_finite: None,
+        registers: None,
+        spill_bytes: None,
+        static_smem: None,
+        dyn_smem: None,
+        seed: None,
+        defines: canonical(d),
+        nvrtc_version: String::new(),
+    }
+}
+
+/// Runs the check. `gpu` is required unless `opts.compile_only`.
+pub fn run_check(
+    jobs: &[FamilyJob],
+    gpu: Option<&Gpu>,
+    opts: &CheckOptions,
+    mut progress: impl FnMut(&str),
+) -> CheckOutcome {
+    let mut out = CheckOutcome::default();
+    let lim = match gpu {
+        Some(g) => g.limits(),
+        None => DeviceLimits::for_arch(opts.arch),
+    };
+    for (ji, job) in jobs.iter().enumerate() {
+        // Duplicates are listed once, then skipped.
+        for p in job.points.iter().filter(|p| p.duplicate_of.is_some()) {
+            let mut r = CheckRow {
+                verdict: "duplicate".into(),
+                reason: format!(
+                    "same defines as {}",
+                    p.duplicate_of.clone().unwrap_or_default()
+                ),
+                ..base_row(job, p, &job.shapes[0], opts.arch, &p.defines)
+            };
+            r.shape = "*".into();
+            out.rows.push(r);
+        }
+        let cells: Vec<Cell> = spec::plan(job.family, &job.points, &job.shapes, &lim);
+        // Compile each distinct accepted define set once.
+        let mut unique: BTreeMap<String, Defines> = BTreeMap::new();
+        for c in &cells {
+            if c.outcome.is_ok() {
+                unique
+                    .entry(canonical(&c.defines))
+                    .or_insert_with(|| c.defines.clone());
+            }
+        }
+        progress(&format!(
+            "{}: {} variants x {} shapes, {} cells rejected, compiling {} define sets for {}",
+            job.family.name(),
+            job.points
+                .iter()
+                .filter(|p| p.duplicate_of.is_none())
+                .count(),
+            job.shapes.len(),
+            cells.iter().filter(|c| c.outcome.is_err()).count(),
+            unique.len(),
+            opts.arch
+        ));
+        let compiled: BTreeMap<String, Result<Arc<CompiledVariant>, String>> = unique
+            .into_par_iter()
+            .map(|(key, d)| {
+                let r = compile(job.family, &d, opts.arch, opts.cache.as_deref())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string());
+                (key, r)
+            })
+            .collect();
+
+        if opts.compile_only {
+            compile_only_rows(job, &cells, &compiled, opts.arch, &mut out);
+            continue;
+        }
+        let Some(gpu) = gpu else {
+            out.infra
+                .push("no GPU given to a non-compile-only check".into());
+            return out;
+        };
+        for c in &cells {
+            let p = &job.points[c.point];
+            let s = &job.shapes[c.shape];
+            let mut row = base_row(job, p, s, opts.arch, &c.defines);
+            let geo = match &c.outcome {
+                Err(reason) => {
+                    row.verdict = "rejected".into();
+                    row.reason = reason.clone();
+                    out.rows.push(row);
+                    continue;
+                }
+                Ok(g) => g.clone(),
+            };
+            row.dyn_smem = Some(geo.dyn_smem);
+            let cv = match compiled.get(&canonical(&c.defines)) {
+                Some(Ok(cv)) => cv.clone(),
+                Some(Err(e)) => {
+                    row.verdict = "compile-error".into();
+                    row.reason = first_lines(e, 12);
+                    out.infra
+                        .push(format!("{} {}: compile failed", job.family.name(), p.id));
+                    out.rows.push(row);
+                    continue;
+                }
+                None => continue,
+            };
+            fill_resources(&mut row, &cv, &geo.kernel);
+            if job.spec.forbid_spills && row.spill_bytes.unwrap_or(0) > 0 {
+                row.verdict = "spills".into();
+                row.reason = format!(
+                    "{} bytes spilled; {} forbids spills",
+                    row.spill_bytes.unwrap_or(0),
+                    job.spec.file
+                );
+                out.failures += 1;
+                out.rows.push(row);
+                continue;
+            }
+            // Large token counts are checked at a capped proxy of the shape.
+            let (problem, check_note) = match opts.check_max_m {
+                Some(cap) if s.m > cap => (
+                    Problem::matmul(cap, s.n, s.k, s.wtype),
+                    format!("checked at m={cap} (proxy of m={}); ", s.m),
+                ),
+                _ => (s.problem(), String::new()),
+            };
+            let seed = seed_for(job.family.name(), &s.name);
+            row.seed = Some(seed);
+            let mut tol = job.family.default_tolerance(&c.defines, &problem);
+            job.spec.tolerance.apply(&mut tol);
+            progress(&format!("check {} {} {}", job.family.name(), p.id, s.name));
+            match check_variant(gpu, job.family, &cv, &c.defines, &problem, seed, &tol) {
+                Ok(rep) => {
+                    row.rms_rel = Some(rep.rms_rel);
+                    row.max_rel = Some(rep.max_rel);
+                    row.max_abs = Some(rep.max_abs);
+                    row.outliers = Some(rep.outliers);
+                    row.replay_rms_rel = rep.replay_rms_rel;
+                    row.unwritten = Some(rep.unwritten);
+                    row.non_finite = Some(rep.non_finite);
+                    row.reason = format!("{check_note}{}", rep.detail);
+                    if rep.passed {
+                        row.verdict = "pass".into();
+                        out.passing.push(Passing {
+                            job: ji,
+                            point: c.point,
+                            shape: c.shape,
+                            defines: c.defines.clone(),
+                            dyn_smem: geo.dyn_smem,
+                            cv: cv.clone(),
+                        });
+                    } else {
+                        row.verdict = "fail".into();
+                        out.failures += 1;
+                    }
+                }
+                Err(e) => {
+                    row.verdict = "error".into();
+                    row.reason = e.to_string();
+                    out.infra
+                        .push(format!("{} {} {}: {e}", job.family.name(), p.id, s.name));
+                }
+            }
+            out.rows.push(row);
+        }
+    }
+    out
+}
+
+fn first_lines(s: &str, n: usize) -> String {
+    s.lines().take(n).collect::<Vec<_>>().join(" | ")
+}
+
+fn fill_resources(row: &mut CheckRow, cv: &CompiledVariant, kernel: &str) {
+    let (regs, spill, smem) = match cv.function(kernel) {
+        Some(f) => (f.registers, f.spill_bytes, f.static_smem),
+        None => (cv.registers, cv.spill_bytes, cv.static_smem),
+    };
+    row.registers = Some(regs);
+    row.spill_bytes = Some(spill);
+    row.static_smem = Some(smem);
+    row.nvrtc_version = nvrtc_str(cv.nvrtc_version);
+}
+
+/// Compile-only: one row per (point, weight type) that compiled or failed,
+/// and one row per (point, rejection reason) listing the shapes it covers.
+fn compile_only_rows(
+    job: &FamilyJob,
+    cells: &[Cell],
+    compiled: &BTreeMap<String, Result<Arc<CompiledVariant>, String>>,
+    arch: Arch,
+    out: &mut CheckOutcome,
+) {
+    // (point, define set) -> (first accepted cell, count)
+    let mut seen: BTreeMap<(usize, String), (usize, usize)> = BTreeMap::new();
+    let mut rejected: BTreeMap<(usize, String), Vec<usize>> = BTreeMap::new();
+    for (ci, c) in cells.iter().enumerate() {
+        match &c.outcome {
+            Ok(_) => {
+                let e = seen
+                    .entry((c.point, canonical(&c.defines)))
+                    .or_insert((ci, 0));
+                e.1 += 1;
+            }
+            Err(r) => rejected
+                .entry((c.point, r.clone()))
+                .or_default()
+                .push(c.shape),
+        }
+    }
+    for ((pi, key), (ci, count)) in &seen {
+        let c = &cells[*ci];
+        let p = &job.points[*pi];
+        let s = &job.shapes[c.shape];
+        let mut row = base_row(job, p, s, arch, &c.defines);
+        row.shape = format!("{count} shapes");
+        row.m = 0;
+        row.n = 0;
+        row.k = 0;
+        if let Ok(g) = &c.outcome {
+            row.dyn_smem = Some(g.dyn_smem);
+        }
+        match compiled.get(key) {
+            Some(Ok(cv)) => {
+                let kernel = c
+                    .outcome
+                    .as_ref()
+                    .map(|g| g.kernel.clone())
+                    .unwrap_or_default();
+                fill_resources(&mut row, cv, &kernel);
+                if job.spec.forbid_spills && row.spill_bytes.unwrap_or(0) > 0 {
+                    row.verdict = "spills".into();
+                    row.reason = format!(
+                        "{} bytes spilled; {} forbids spills",
+                        row.spill_bytes.unwrap_or(0),
+                        job.spec.file
+                    );
+                    out.failures += 1;
+                } else {
+                    row.verdict = "compiled".into();
+                }
+            }
+            Some(Err(e)) => {
+                row.verdict = "compile-error".into();
+                row.reason = first_lines(e, 12);
+                out.infra.push(format!(
+                    "{} {} [{key}]: compile failed for {arch}",
+                    job.family.name(),
+                    p.id
+                ));
+            }
+            None => {}
+        }
+        out.rows.push(row);
+    }
+    for ((pi, reason), shapes) in rejected {
+        let p = &job.points[pi];
+        let s = &job.shapes[shapes[0]];
+        let d = spec::resolve(p, s, &job.family.declared_defines());
+        let mut row = base_row(job, p, s, arch, &d);
+        let names: Vec<&str> = shapes
+            .iter()
+            .map(|&i| job.shapes[i].name.as_str())
+            .collect();
+        row.shape = names.join(",");
+        row.verdict = "rejected".into();
+        row.reason = reason;
+        out.rows.push(row);
+    }
+}
+
+/// Loads every named family (all registered families when `names` is empty),
+/// the shapes, and applies the variant filter.
+pub fn load_jobs(
+    vdir: &std::path::Path,
+    names: &[String],
+    shapes_arg: &[String],
+    variant_filter: &[String],
+    tokens: &[usize],
+    shape_filter: &[String],
+) -> Result<Vec<FamilyJob>, String> {
+    let names: Vec<String> = if names.is_empty() {
+        gemtune_kernels::family::families()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect()
+    } else {
+        names
+            .iter()
+            .flat_map(|n| n.split(','))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut jobs = Vec::new();
+    for name in &names {
+        let (spec, family) = spec::load_family(vdir, name).map_err(|e| e.to_string())?;
+        let files: Vec<String> = if shapes_arg.is_empty() {
+            spec.shapes.clone()
+        } else {
+            shapes_arg.to_vec()
+        };
+        if files.is_empty() {
+            return Err(format!(
+                "{}: no shapes: pass --shapes FILE or set `shapes` in [kernel]",
+                spec.file
+            ));
+        }
+        let mut shapes: Vec<Shape> = Vec::new();
+        for f in &files {
+            let sf = spec::load_shapes(&spec::shapes_path(vdir, f)).map_err(|e| e.to_string())?;
+            for s in sf.expand() {
+                if !tokens.is_empty() && !tokens.contains(&s.m) {
+                    continue;
+                }
+                if !shape_filter.is_empty()
+                    && !shape_filter
+                        .iter()
+                        .any(|p| s.base == *p || s.name == *p || s.base.starts_with(p.as_str()))
+                {
+                    continue;
+                }
+                if !shapes.iter().any(|x| x.name == s.name) {
+                    shapes.push(s);
+                }
+            }
+        }
+        if shapes.is_empty() {
+            return Err(format!(
+                "{name}: no shape left after --tokens/--shape filters"
+            ));
+        }
+        let points: Vec<Point> = spec::expand(&spec)
+            .into_iter()
+            .filter(|p| matches_filter(&p.id, variant_filter))
+            .collect();
+        if points.is_empty() {
+            return Err(format!(
+                "{name}: no variant matches --variant {}",
+                variant_filter.join(" ")
+            ));
+        }
+        let source_sha256 = source_sha256(family);
+        jobs.push(FamilyJob {
+            spec,
+            family,
+            points,
+            shapes,
+            source_sha256,
+        });
+    }
+    Ok(jobs)
+}

@@ -1,0 +1,15 @@
+//! The `gemtune` harness as a library: spec parsing and sweep expansion,
+//! statistics, result files, plots and tuned tables. The binary's
+//! subcommands (`src/cmd`) are thin drivers over these modules, and the
+//! integration tests under `tests/` call them directly.
+
+pub mod checker;
+pub mod hash;
+pub mod plots;
+pub mod report;
+pub mod results;
+pub mod roofline;
+pub mod spec;
+pub mod stats;
+pub mod tuned;
+pub mod util;

@@ -1,0 +1,194 @@
+//! `gemtune check` end to end through the binary. The compile gate compiles
+//! every variant of every family for sm_80, sm_89 and sm_90 with NVRTC and
+//! needs no GPU; it fails loudly when NVRTC cannot be loaded.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn require_nvrtc() {
+    assert!(
+        gemtune_kernels::compile::nvrtc_available(),
+        "NVRTC could not be loaded: install it (pip install nvidia-cuda-nvrtc==13.0.88) and put its \
+         lib directory (python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], \"cu13\", \"lib\"))') \
+         on LD_LIBRARY_PATH; the compile gate cannot run without it"
+    );
+}
+
+fn compile_gate(arch: &str) {
+    require_nvrtc();
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gemtune"))
+        .current_dir(repo())
+        .args(["check", "--compile-only", "--arch", arch, "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run gemtune");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let bad: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" compile-error ") || l.contains(" spills "))
+        .collect();
+    assert!(
+        o.status.code() == Some(0) && bad.is_empty(),
+        "gemtune check --compile-only --arch {arch} exited {:?}\nfailing rows:\n{}\nstderr:\n{stderr}",
+        o.status.code(),
+        bad.join("\n")
+    );
+    let rows: Vec<gemtune::results::CheckRow> =
+        gemtune::results::read_csv(&out.path().join("check.csv")).expect("check.csv");
+    for f in gemtune_kernels::family::families() {
+        let compiled = rows
+            .iter()
+            .filter(|r| r.family == f.name() && r.verdict == "compiled")
+            .count();
+        assert!(compiled > 0, "no compiled rows for {} on {arch}", f.name());
+        let base = rows
+            .iter()
+            .find(|r| r.family == f.name() && r.variant == "baseline" && r.verdict == "compiled")
+            .unwrap_or_else(|| panic!("{} baseline not compiled on {arch}", f.name()));
+        assert!(
+            base.registers.unwrap_or(0) > 0,
+            "registers recorded for {}",
+            f.name()
+        );
+        assert_eq!(base.arch, arch);
+    }
+}
+
+#[test]
+fn compile_gate_sm_80() {
+    compile_gate("sm_80");
+}
+
+#[test]
+fn compile_gate_sm_89() {
+    compile_gate("sm_89");
+}
+
+#[test]
+fn compile_gate_sm_90() {
+    compile_gate("sm_90");
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &dst.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, dst.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn run_check(vdir: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gemtune"))
+        .args(["check", "--compile-only", "--variants-dir"])
+        .arg(vdir)
+        .args(["--out"])
+        .arg(out.path())
+        .args(extra)
+        .output()
+        .expect("run gemtune");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_specs_exit_4_naming_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vdir = tmp.path().join("variants");
+    copy_dir(&repo().join("variants"), &vdir);
+    let spec = vdir.join("quantize_q8_1.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let line_of =
+        |needle: &str, t: &str| t.lines().position(|l| l.starts_with(needle)).unwrap() + 1;
+
+    let bad = text.replace(
+        "forbid_spills = true",
+        "forbid_spills = true\nspeed = \"fast\"",
+    );
+    std::fs::write(&spec, &bad).unwrap();
+    let (code, err) = run_check(&vdir, &["quantize_q8_1"]);
+    assert_eq!(code, Some(4), "{err}");
+    let want = format!(
+        "quantize_q8_1.toml:{}:1: unknown key `speed` in [kernel]",
+        line_of("speed", &bad)
+    );
+    assert!(err.contains(&want), "wanted `{want}` in:\n{err}");
+
+    let bad = text.replace("THREADS = 256", "THREADS = 256\nVEC = 4");
+    std::fs::write(&spec, &bad).unwrap();
+    let (code, err) = run_check(&vdir, &["quantize_q8_1"]);
+    assert_eq!(code, Some(4), "{err}");
+    let want = format!(
+        "quantize_q8_1.toml:{}:1: define VEC is not declared in quantize_q8_1.cu's Defines: block",
+        line_of("VEC", &bad)
+    );
+    assert!(err.contains(&want), "wanted `{want}` in:\n{err}");
+
+    std::fs::write(&spec, &text).unwrap();
+    let (code, err) = run_check(&vdir, &["quantize_q8_1", "--shapes", "nonexistent.toml"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("nonexistent.toml: cannot read"), "{err}");
+    let (code, err) = run_check(&vdir, &["no_such_family"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("no_such_family.toml: cannot read"), "{err}");
+}
+
+/// `gemtune check` on the GPU over every family, on the shape subset that
+/// scripts/gpu-tune.sh uses (real E4B/12B sizes, odd token counts, partial
+/// tiles). Fails loudly without a GPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn check_every_family_on_the_gpu() {
+    require_nvrtc();
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gemtune"))
+        .current_dir(repo())
+        .args([
+            "check",
+            "--tokens",
+            "1,3,7,8,113",
+            "--shape",
+            "e4b.ffn_up",
+            "--shape",
+            "e4b.attn_k",
+        ])
+        .args(["--shape", "12b.ffn_up", "--shape", "edge.", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run gemtune");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "gemtune check failed (exit 4 with 'no CUDA GPU' means this host has no GPU):\n{}\n{stderr}",
+        stdout
+            .lines()
+            .filter(|l| !l.contains(" pass ") && !l.contains(" rejected ") && !l.contains(" duplicate "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let rows: Vec<gemtune::results::CheckRow> =
+        gemtune::results::read_csv(&out.path().join("check.csv")).expect("check.csv");
+    for f in gemtune_kernels::family::families() {
+        assert!(
+            rows.iter()
+                .any(|r| r.family == f.name() && r.verdict == "pass"),
+            "no passing cell for {}",
+            f.name()
+        );
+    }
+}

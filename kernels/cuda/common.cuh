@@ -1,0 +1,152 @@
+// common.cuh: helpers shared by every kernel family.
+//
+// Header-free by contract: NVRTC compiles these sources with no include path,
+// so there is no cuda_fp16.h / cuda_bf16.h / <cstdint> here. Half-precision
+// conversions, tensor-core MMA, ldmatrix and cp.async are inline PTX; integer
+// types are our own aliases. Every helper is `static __device__ __forceinline__`.
+//
+// Defines: (none; this header requires no macros)
+
+#pragma once
+
+typedef signed char        i8;
+typedef unsigned char      u8;
+typedef unsigned short     u16;
+typedef int                i32;
+typedef unsigned int       u32;
+typedef long long          i64;
+typedef unsigned long long u64;
+
+#define DEVI static __device__ __forceinline__
+
+// Weight-type ids compared against the WTYPE define (passed as a bare token:
+// -DWTYPE=Q8_0 makes `WTYPE == Q8_0` a constant expression).
+#define Q8_0 8
+#define Q4_0 2
+
+// ---- half / bfloat16 conversions (bit patterns held in u16 / u32) ----------
+DEVI float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+// Packs (lo, hi) into one f16x2 word, lo in the low half, round to nearest even.
+DEVI u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+DEVI u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+DEVI u32 hsub2(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+DEVI u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// int -> float without I2F: exact for |c| < 2^22 (one IADD + one FADD).
+DEVI float i2f_magic(int c) {
+    return __int_as_float(c + 0x4B400000) - 12582912.0f;
+}
+
+// ---- integer dot products --------------------------------------------------
+DEVI int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Q4_0 nibbles (0..15 in each byte) -> signed int8 (q - 8) in each byte,
+// without carries between bytes: (b + 0x78) ^ 0x80 == b - 8 for b in 0..15.
+DEVI u32 q4_lo_s8(u32 v) { return ((v & 0x0F0F0F0Fu) + 0x78787878u) ^ 0x80808080u; }
+DEVI u32 q4_hi_s8(u32 v) { return (((v >> 4) & 0x0F0F0F0Fu) + 0x78787878u) ^ 0x80808080u; }
+
+// ---- shared memory addressing, cp.async, ldmatrix, mma ---------------------
+DEVI u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+// 16-byte async copy; src_bytes = 0 zero-fills the destination (out-of-range tiles).
+DEVI void cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEVI void cp_async4(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEVI void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> DEVI void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+DEVI void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+DEVI void ldmatrix_x2(u32 addr, u32& r0, u32& r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                 : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+// D = A(16x32 s8, row) * B(32x8 s8, col) with a zero accumulator.
+// The MMA wrappers are not volatile: they touch no memory, and leaving them
+// free lets the compiler interleave fragment loads with tensor-core work.
+DEVI void mma_s8_16832(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+// D += A(16x16 f16, row) * B(16x8 f16, col), fp32 accumulators.
+DEVI void mma_f16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+DEVI void mma_bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- loads -----------------------------------------------------------------
+// 16-byte read-only load that does not allocate in L1 (streamed weights).
+DEVI uint4 ld_stream16(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// ---- reductions ------------------------------------------------------------
+DEVI float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// gelu with the tanh approximation, as in the oracle: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+DEVI float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+// Byte permute: result byte i = byte sel_i of the 8-byte value {b:a}.
+DEVI u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// Row stride (bytes) for a shared-memory tile whose rows hold `b` bytes
+// (a multiple of 16): an odd number of 16-byte units, so the 8 row addresses
+// of one ldmatrix phase (or 8 rows of 4-byte reads) fall in distinct banks.
+#define PAD16(b) ((((b) / 16) % 2 == 0) ? (b) + 16 : (b))

@@ -1,0 +1,392 @@
+// gemm_dq.cu: prefill matmul that dequantizes the quantized weight tile (staged
+// raw in shared memory) to f16 or bf16 in registers and runs f16/bf16
+// tensor-core MMA with fp32 accumulation.
+//
+// Computes y[m][n] = sum_k h(x[m][k]) * h(d[n][k/32] * q[n][k]) where h rounds
+// to DQ_TYPE (nearest even) and the products are summed in fp32 by
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}. Weights are host-repacked
+// planes: quants wq[n][k] (Q8_0 int8) or wq[n][k/2] (Q4_0, GGUF nibble order
+// per 16-byte block) and f32 scales wd[n][k/32]. Activations are converted
+// f32 -> DQ_TYPE by a pre-pass (gemm_dq_convert, one thread per 2 values)
+// into xh[m][k]; the conversion runs once per layer input, shared by every
+// matmul that reads it, so it is not part of the GEMM's time. y is [m][n].
+//
+// Grid: grid.x = ceil(m/BM) (token tiles, fastest), grid.y = ceil(n/BN);
+// WARPS_M x WARPS_N warps, each owning a (BM/WARPS_M) x (BN/WARPS_N) sub-tile.
+// Per BK step: cp.async (or plain loads, CP_ASYNC=0) fills stage s of a
+// STAGES-deep ring with the activation tile (DQ_TYPE) and the raw weight
+// quants + scales; out-of-range rows/k are zero-filled. Each thread's copy
+// addresses and row bounds are computed once before the k loop; per tile it
+// only adds the k offset and tests k against K.
+// Weights are dequantized in registers, straight into MMA B fragments: within
+// each k16 step the MMA's k slots are permuted so that a thread's four B
+// slots (2t, 2t+1, 2t+8, 2t+9) hold the four consecutive quants 4t..4t+3
+// (one 32-bit shared load of int8 / nibbles). The activations are stored by
+// the pre-pass with the same permutation inside every group of 16 k, so one
+// ldmatrix.x4 per 16x16 A tile yields fragments whose slots read the same
+// actual k: in each k16 group, stored pair p (2 values) holds actual pair
+// [0,2,4,6,1,3,5,7][p]. The dot product is a sum over k, so the permutation
+// changes nothing but the summation order. Dequant: byte-permute + packed
+// f16 sub/mul (f16), or exact int->float + cvt.rn.bf16x2 (bf16).
+// Contract: approx against the f64 oracle (operand rounding to DQ_TYPE);
+// tight against the CPU replay with the same roundings (fp32 summation only).
+// xh (the pre-pass output) is only meaningful to gemm_dq: its k order is the
+// permuted one above, and K must be a multiple of 32.
+// Dynamic shared memory: STAGES * (BM*PAD16(2*BK) + BN*PAD16(BKW) + 4*BN*BK/32)
+// bytes, BKW = BK (Q8_0) or BK/2 (Q4_0).
+//
+// Defines:
+//   WTYPE     weight type: Q8_0 | Q4_0
+//   DQ_TYPE   MMA operand type: F16 | BF16
+//   BM        tokens per CTA tile (multiple of 16*WARPS_M)
+//   BN        features per CTA tile (multiple of 8*WARPS_N)
+//   BK        k per pipeline stage: 32 | 64 | 128
+//   WARPS_M   warps along tokens
+//   WARPS_N   warps along features
+//   STAGES    shared-memory pipeline depth (1..4)
+//   CP_ASYNC  1 = cp.async global->shared copies, 0 = synchronous loads
+
+#ifndef WTYPE
+#error "gemm_dq.cu needs WTYPE"
+#endif
+#ifndef DQ_TYPE
+#error "gemm_dq.cu needs DQ_TYPE"
+#endif
+#ifndef BM
+#error "gemm_dq.cu needs BM"
+#endif
+#ifndef BN
+#error "gemm_dq.cu needs BN"
+#endif
+#ifndef BK
+#error "gemm_dq.cu needs BK"
+#endif
+#ifndef WARPS_M
+#error "gemm_dq.cu needs WARPS_M"
+#endif
+#ifndef WARPS_N
+#error "gemm_dq.cu needs WARPS_N"
+#endif
+#ifndef STAGES
+#error "gemm_dq.cu needs STAGES"
+#endif
+#ifndef CP_ASYNC
+#error "gemm_dq.cu needs CP_ASYNC"
+#endif
+
+#include "common.cuh"
+
+#define F16 1
+#define BF16 2
+#if DQ_TYPE != F16 && DQ_TYPE != BF16
+#error "DQ_TYPE must be F16 or BF16"
+#endif
+
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define WM (BM / WARPS_M)
+#define WN (BN / WARPS_N)
+#define MI (WM / 16)
+#define NJ (WN / 8)
+#define KB (BK / 32)
+#if WTYPE == Q8_0
+#define BKW BK
+#else
+#define BKW (BK / 2)
+#endif
+#define SA PAD16(2 * BK)
+#define SB PAD16(BKW)
+#define A_BYTES (BM * SA)
+#define B_BYTES (BN * SB)
+#define SCB_BYTES (BN * KB * 4)
+#define STAGE_BYTES (A_BYTES + B_BYTES + SCB_BYTES)
+
+#if BM % (16 * WARPS_M) != 0 || BN % (8 * WARPS_N) != 0
+#error "tile does not divide the warp layout"
+#endif
+
+// Copy work per stage, as (16-byte or 4-byte chunks per row) and rows
+// advanced per pass of all threads. Chunks per row divide 32, so each thread
+// keeps one column for every pass and only its row moves.
+#define A_CPR (BK / 8)
+#define A_RSTEP (THREADS / A_CPR)
+#define A_ITERS ((BM + A_RSTEP - 1) / A_RSTEP)
+#define B_CPR (BKW / 16)
+#define B_RSTEP (THREADS / B_CPR)
+#define B_ITERS ((BN + B_RSTEP - 1) / B_RSTEP)
+#define S_RSTEP (THREADS / KB)
+#define S_ITERS ((BN + S_RSTEP - 1) / S_RSTEP)
+
+DEVI void copy16(u32 dst, u8* gdst, const void* src, bool ok) {
+#if CP_ASYNC
+    (void)gdst;
+    cp_async16(dst, src, ok ? 16 : 0);
+#else
+    (void)dst;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (ok) v = *reinterpret_cast<const uint4*>(src);
+    *reinterpret_cast<uint4*>(gdst) = v;
+#endif
+}
+DEVI void copy4(u32 dst, u8* gdst, const void* src, bool ok) {
+#if CP_ASYNC
+    (void)gdst;
+    cp_async4(dst, src, ok ? 4 : 0);
+#else
+    (void)dst;
+    *reinterpret_cast<float*>(gdst) = ok ? *reinterpret_cast<const float*>(src) : 0.0f;
+#endif
+}
+DEVI void commit() {
+#if CP_ASYNC
+    cp_async_commit();
+#endif
+}
+template <int N> DEVI void wait_stages() {
+#if CP_ASYNC
+    cp_async_wait<N>();
+#endif
+}
+
+// One thread's share of the stage copies, fixed for the whole k loop:
+// row 0 pointers (k = this thread's column), row strides, the rows left
+// before the M / N edge, and the shared-memory offset of its first chunk.
+struct Loader {
+    const u8* a_src;
+    const u8* b_src;
+    const u8* s_src;
+    u64 a_step, b_step, s_step;  // bytes between this thread's rows of consecutive passes
+    int a_rows, b_rows, s_rows;  // rows (from this thread's first) inside the matrix
+    int a_col, b_col, s_col;     // first k of this thread's chunk (in k units)
+    u32 a_off, b_off, s_off;     // stage-relative shared offsets
+};
+
+DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
+                        const u16* __restrict__ xh, int m0, int n0, int M, int N, int K) {
+    Loader L;
+    const int t = threadIdx.x;
+    {
+        const int r = t / A_CPR, cc = t % A_CPR;
+        L.a_rows = M - m0 - r;
+        L.a_col = cc * 8;
+        L.a_src = reinterpret_cast<const u8*>(xh) + ((u64)(m0 + r) * K + cc * 8) * 2;
+        L.a_step = (u64)A_RSTEP * K * 2;
+        L.a_off = r * SA + cc * 16;
+    }
+    {
+        const int r = t / B_CPR, cc = t % B_CPR;
+        L.b_rows = N - n0 - r;
+#if WTYPE == Q8_0
+        L.b_col = cc * 16;
+        L.b_src = wq + (u64)(n0 + r) * K + cc * 16;
+        L.b_step = (u64)B_RSTEP * K;
+#else
+        L.b_col = cc * 32;
+        L.b_src = wq + (u64)(n0 + r) * (K / 2) + cc * 16;
+        L.b_step = (u64)B_RSTEP * (K / 2);
+#endif
+        L.b_off = A_BYTES + r * SB + cc * 16;
+    }
+    {
+        const int r = t / KB, j = t % KB;
+        L.s_rows = N - n0 - r;
+        L.s_col = j * 32;
+        L.s_src = reinterpret_cast<const u8*>(wd + (u64)(n0 + r) * (K / 32) + j);
+        L.s_step = (u64)S_RSTEP * (K / 32) * 4;
+        L.s_off = A_BYTES + B_BYTES + (r * KB + j) * 4;
+    }
+    return L;
+}
+
+// Issues the copies of k tile kt into the stage at shared address `st`
+// (generic pointer `gst` for the synchronous path).
+DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, int K) {
+    const int k0 = kt * BK;
+    {
+        const bool kok = k0 + L.a_col < K;
+        const u8* p = L.a_src + (u64)k0 * 2;
+#pragma unroll
+        for (int it = 0; it < A_ITERS; ++it) {
+            if (BM % A_RSTEP == 0 || it * A_RSTEP + (int)(threadIdx.x / A_CPR) < BM) {
+                const bool ok = kok && it * A_RSTEP < L.a_rows;
+                const u32 o = L.a_off + it * A_RSTEP * SA;
+                copy16(st + o, gst + o, ok ? p : base, ok);
+            }
+            p += L.a_step;
+        }
+    }
+    {
+        const bool kok = k0 + L.b_col < K;
+#if WTYPE == Q8_0
+        const u8* p = L.b_src + k0;
+#else
+        const u8* p = L.b_src + k0 / 2;
+#endif
+#pragma unroll
+        for (int it = 0; it < B_ITERS; ++it) {
+            if (BN % B_RSTEP == 0 || it * B_RSTEP + (int)(threadIdx.x / B_CPR) < BN) {
+                const bool ok = kok && it * B_RSTEP < L.b_rows;
+                const u32 o = L.b_off + it * B_RSTEP * SB;
+                copy16(st + o, gst + o, ok ? p : base, ok);
+            }
+            p += L.b_step;
+        }
+    }
+    {
+        const bool kok = k0 + L.s_col < K;
+        const u8* p = L.s_src + (k0 / 32) * 4;
+#pragma unroll
+        for (int it = 0; it < S_ITERS; ++it) {
+            if (BN % S_RSTEP == 0 || it * S_RSTEP + (int)(threadIdx.x / KB) < BN) {
+                const bool ok = kok && it * S_RSTEP < L.s_rows;
+                const u32 o = L.s_off + it * S_RSTEP * KB * 4;
+                copy4(st + o, gst + o, ok ? p : base, ok);
+            }
+            p += L.s_step;
+        }
+    }
+}
+
+// 4 unsigned bytes (value + bias) -> 4 dequantized values packed as 2 words.
+// f16: (0x6400 | u) is 1024 + u exactly; subtracting 1024 + bias leaves the
+// signed quant exactly, and one packed multiply rounds q*d once.
+// bf16: (0x4B000000 | u) as f32 is 2^23 + u; subtracting 2^23 + bias is exact,
+// q*d is exact in f32 (8 x 11 significant bits), cvt.rn rounds it once.
+DEVI void dq4(u32 u, float d, u32 bias_h2, float bias_f, u32& lo, u32& hi) {
+#if DQ_TYPE == F16
+    const u32 d2 = pack_f16x2(d, d);
+    lo = hmul2(hsub2(prmt(u, 0x64646464u, 0x4140u), bias_h2), d2);
+    hi = hmul2(hsub2(prmt(u, 0x64646464u, 0x4342u), bias_h2), d2);
+#else
+    const float f0 = __int_as_float(prmt(u, 0x4B000000u, 0x7540u)) - bias_f;
+    const float f1 = __int_as_float(prmt(u, 0x4B000000u, 0x7541u)) - bias_f;
+    const float f2 = __int_as_float(prmt(u, 0x4B000000u, 0x7542u)) - bias_f;
+    const float f3 = __int_as_float(prmt(u, 0x4B000000u, 0x7543u)) - bias_f;
+    lo = pack_bf16x2(f0 * d, f1 * d);
+    hi = pack_bf16x2(f2 * d, f3 * d);
+#endif
+}
+
+DEVI void mma_tile(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if DQ_TYPE == F16
+    mma_f16_16816(d, a, b0, b1);
+#else
+    mma_bf16_16816(d, a, b0, b1);
+#endif
+}
+
+// One BK step of the warp's tile. `a_lane` is this lane's ldmatrix row
+// address (shared) for the stage; `sB`/`sSB` point at the stage's weights.
+DEVI void compute_stage(u32 a_lane, const u8* sB, const float* sSB, float (&acc)[MI][NJ][4]) {
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+        u32 a[MI][4];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+            ldmatrix_x4(a_lane + i * 16 * SA + ks * 32, a[i][0], a[i][1], a[i][2], a[i][3]);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const float d = sSB[j * 8 * KB + ks / 2];
+            u32 b0, b1;
+#if WTYPE == Q8_0
+            const u32 v = *reinterpret_cast<const u32*>(sB + j * 8 * SB + ks * 16);
+            // int8 q -> unsigned q + 128 by flipping the sign bits.
+            dq4(v ^ 0x80808080u, d, 0x64806480u, 8388736.0f, b0, b1);
+#else
+            // k16 step ks is the low (even ks) or high (odd ks) nibbles of block ks/2.
+            const u32 v = *reinterpret_cast<const u32*>(sB + j * 8 * SB + (ks / 2) * 16);
+            const u32 nib = (ks % 2) ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu;
+            dq4(nib, d, 0x64086408u, 8388616.0f, b0, b1);
+#endif
+#pragma unroll
+            for (int i = 0; i < MI; ++i) mma_tile(acc[i][j], a[i], b0, b1);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __restrict__ xh,
+        float* __restrict__ y, int M, int N, int K) {
+    extern __shared__ __align__(128) u8 smem[];
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane / 4, tig = lane % 4;
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    const Loader L = make_loader(wq, wd, xh, m0, n0, M, N, K);
+    const u8* base = wq;
+    const u32 s0 = smem_addr(smem);
+    // Per-lane fragment addresses inside a stage.
+    const u32 a_lane = s0 + (wm * WM + (lane & 15)) * SA + (lane >> 4) * 16;
+    const int nl = wn * WN + g;
+#if WTYPE == Q8_0
+    const u8* b_lane = smem + A_BYTES + nl * SB + tig * 4;
+#else
+    const u8* b_lane = smem + A_BYTES + nl * SB + tig * 4;
+#endif
+    const float* s_lane = reinterpret_cast<const float*>(smem + A_BYTES + B_BYTES) + nl * KB;
+    const int KT = (K + BK - 1) / BK;
+#if STAGES == 1
+    for (int kt = 0; kt < KT; ++kt) {
+        __syncthreads();
+        load_stage(L, s0, smem, base, kt, K);
+        commit();
+        wait_stages<0>();
+        __syncthreads();
+        compute_stage(a_lane, b_lane, s_lane, acc);
+    }
+#else
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_stage(L, s0 + s * STAGE_BYTES, smem + s * STAGE_BYTES, base, s, K);
+        commit();
+    }
+    int rs = 0, ws = STAGES - 1;
+    for (int kt = 0; kt < KT; ++kt) {
+        wait_stages<STAGES - 2>();
+        __syncthreads();
+        const int nk = kt + STAGES - 1;
+        if (nk < KT) load_stage(L, s0 + ws * STAGE_BYTES, smem + ws * STAGE_BYTES, base, nk, K);
+        commit();
+        const u32 so = rs * STAGE_BYTES;
+        compute_stage(a_lane + so, b_lane + so, reinterpret_cast<const float*>(reinterpret_cast<const u8*>(s_lane) + so), acc);
+        rs = rs == STAGES - 1 ? 0 : rs + 1;
+        ws = ws == STAGES - 1 ? 0 : ws + 1;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm * WM + i * 16 + g + 8 * h;
+                const int col = n0 + wn * WN + j * 8 + 2 * tig;
+                if (row < M) {
+                    if (col < N) y[(u64)row * N + col] = acc[i][j][2 * h];
+                    if (col + 1 < N) y[(u64)row * N + col + 1] = acc[i][j][2 * h + 1];
+                }
+            }
+}
+
+// Pre-pass: x f32 -> DQ_TYPE, two values (one actual pair) per thread, stored
+// at the permuted pair position inside its group of 16 k (see the header):
+// actual pair q of a group goes to stored pair (q >> 1) + 4 * (q & 1).
+// n_pairs = m*k/2 with k a multiple of 16, so groups never straddle rows.
+extern "C" __global__ void __launch_bounds__(256) gemm_dq_convert(const float* __restrict__ x, u32* __restrict__ xh, u64 n_pairs) {
+    const u64 i = (u64)blockIdx.x * 256 + threadIdx.x;
+    if (i >= n_pairs) return;
+    const float2 v = reinterpret_cast<const float2*>(x)[i];
+    const u32 q = (u32)i & 7u;
+    const u64 o = (i & ~(u64)7) | ((q >> 1) + 4 * (q & 1));
+#if DQ_TYPE == F16
+    xh[o] = pack_f16x2(v.x, v.y);
+#else
+    xh[o] = pack_bf16x2(v.x, v.y);
+#endif
+}

@@ -1,0 +1,222 @@
+//! `quantize_q8_1`: f32 activations -> Q8_1 planes (int8 quants + (d, sum)).
+//! Bitexact against `families::q8_1_replay`.
+
+use super::{q8_1_replay, random_matrix, rng_for};
+use crate::check::{CheckReport, Tolerance, POISON_BITS};
+use crate::defines::{defines, Defines};
+use crate::family::{
+    int_range, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
+};
+use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
+use crate::quant::GgmlType;
+use crate::workload::{poison, OpKind, Workload};
+
+pub struct QuantizeQ81;
+
+impl Family for QuantizeQ81 {
+    fn name(&self) -> &'static str {
+        "quantize_q8_1"
+    }
+    fn entry(&self) -> &'static str {
+        "quantize_q8_1"
+    }
+    fn source_file(&self) -> &'static str {
+        "quantize_q8_1.cu"
+    }
+    fn default_defines(&self, _wtype: GgmlType) -> Defines {
+        defines([("THREADS", 256i64)])
+    }
+    fn contract(&self, _d: &Defines) -> Contract {
+        Contract::Bitexact
+    }
+    fn default_tolerance(&self, _d: &Defines, _p: &Problem) -> Tolerance {
+        Tolerance {
+            rms_rel: 0.0,
+            max_rel: 0.0,
+            outlier_frac: 0.0,
+            replay_rms_rel: 0.0,
+        }
+    }
+    /// Quantizes x[m][k] (the problem's n is ignored); k must be a multiple of 32.
+    fn validate(
+        &self,
+        d: &Defines,
+        p: &Problem,
+        lim: &DeviceLimits,
+    ) -> Result<LaunchGeometry, String> {
+        let mp = matmul_of(p);
+        let threads = int_range(d, "THREADS", 32, lim.max_threads_per_block as i64)?;
+        if threads % 32 != 0 {
+            return Err(format!("THREADS={threads} is not a multiple of 32"));
+        }
+        if mp.k % 32 != 0 || mp.k == 0 || mp.m == 0 {
+            return Err(format!(
+                "m={} k={}: k must be a positive multiple of 32",
+                mp.m, mp.k
+            ));
+        }
+        let elems = (mp.m * mp.k) as u64;
+        let blocks = (elems / 4).div_ceil(threads as u64);
+        if blocks > i32::MAX as u64 {
+            return Err("problem too large for a 1-D grid".into());
+        }
+        Ok(LaunchGeometry {
+            kernel: "quantize_q8_1".into(),
+            grid: (blocks as u32, 1, 1),
+            block: (threads as u32, 1, 1),
+            dyn_smem: 0,
+        })
+    }
+    fn workload(
+        &self,
+        gpu: &Gpu,
+        _d: &Defines,
+        p: &Problem,
+        geo: &LaunchGeometry,
+        seed: u64,
+    ) -> Result<Box<dyn Workload>, GpuError> {
+        let mp = matmul_of(p);
+        let mut rng = rng_for(self.name(), &[mp.m, mp.k], seed);
+        let x = random_matrix(&mut rng, mp.m, mp.k);
+        let (q, ds) = q8_1_replay(&x);
+        Ok(Box::new(QuantWorkload {
+            x: gpu.upload(&x)?,
+            q: gpu.alloc(mp.m * mp.k)?,
+            ds: gpu.alloc(mp.m * mp.k / 32 * 8)?,
+            want_q: q,
+            want_ds: ds,
+            xs: x,
+            geo: geo.clone(),
+        }))
+    }
+}
+
+struct QuantWorkload {
+    x: DeviceBuffer,
+    q: DeviceBuffer,
+    ds: DeviceBuffer,
+    xs: Vec<f32>,
+    want_q: Vec<i8>,
+    want_ds: Vec<[f32; 2]>,
+    geo: LaunchGeometry,
+}
+
+impl Workload for QuantWorkload {
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
+    fn set_weight_copies(&mut self, _gpu: &Gpu, _n: usize) -> Result<(), GpuError> {
+        Ok(())
+    }
+    fn weight_copies(&self) -> usize {
+        1
+    }
+    fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
+        let args = [
+            self.x.arg(),
+            self.q.arg(),
+            self.ds.arg(),
+            KArg::U64(self.xs.len() as u64),
+        ];
+        gpu.launch(m, &self.geo, &args)
+    }
+    fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        poison(gpu, &[&self.q, &self.ds])
+    }
+    fn evaluate(&self, gpu: &Gpu, _c: Contract, _tol: &Tolerance) -> Result<CheckReport, GpuError> {
+        let qw: Vec<u32> = gpu.download(&self.q)?;
+        let dsw: Vec<f32> = gpu.download(&self.ds)?;
+        let q: Vec<i8> = qw
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .map(|b| b as i8)
+            .collect();
+        let unwritten = qw.iter().filter(|&&w| w == POISON_BITS).count()
+            + dsw.iter().filter(|f| f.to_bits() == POISON_BITS).count();
+        let non_finite = dsw
+            .iter()
+            .filter(|f| !f.is_finite() && f.to_bits() != POISON_BITS)
+            .count();
+        let q_bad: Vec<usize> = (0..self.want_q.len())
+            .filter(|&i| q[i] != self.want_q[i])
+            .collect();
+        let ds_bad: Vec<usize> = (0..self.want_ds.len())
+            .filter(|&b| {
+                dsw[2 * b].to_bits() != self.want_ds[b][0].to_bits()
+                    || dsw[2 * b + 1].to_bits() != self.want_ds[b][1].to_bits()
+            })
+            .collect();
+        // Informative: how far the dequantized GPU output is from x.
+        let (mut e2, mut r2, mut max_abs, mut max_rel) = (0f64, 0f64, 0f64, 0f64);
+        for (i, &xv) in self.xs.iter().enumerate() {
+            let deq = q[i] as f64 * dsw[2 * (i / 32)] as f64;
+            let e = (deq - xv as f64).abs();
+            if e.is_finite() {
+                e2 += e * e;
+                max_abs = max_abs.max(e);
+                max_rel = max_rel.max(e / (xv.abs() as f64).max(1e-30));
+            }
+            r2 += (xv as f64) * (xv as f64);
+        }
+        let mut detail = Vec::new();
+        if let Some(&i) = q_bad.first() {
+            detail.push(format!(
+                "{} quants differ (first at {i}: got {} want {})",
+                q_bad.len(),
+                q[i],
+                self.want_q[i]
+            ));
+        }
+        if let Some(&b) = ds_bad.first() {
+            detail.push(format!(
+                "{} (d, sum) pairs differ (first at block {b}: got ({}, {}) want ({}, {}))",
+                ds_bad.len(),
+                dsw[2 * b],
+                dsw[2 * b + 1],
+                self.want_ds[b][0],
+                self.want_ds[b][1]
+            ));
+        }
+        if unwritten > 0 {
+            detail.push(format!("{unwritten} output words unwritten"));
+        }
+        Ok(CheckReport {
+            passed: detail.is_empty(),
+            rms_rel: (e2 / r2.max(f64::MIN_POSITIVE)).sqrt(),
+            max_rel,
+            max_abs,
+            outliers: q_bad.len() + ds_bad.len(),
+            replay_rms_rel: Some(if q_bad.is_empty() && ds_bad.is_empty() {
+                0.0
+            } else {
+                1.0
+            }),
+            unwritten,
+            non_finite,
+            detail: if detail.is_empty() {
+                format!(
+                    "ok: {} quants and {} (d, sum) pairs bit-identical",
+                    q.len(),
+                    self.want_ds.len()
+                )
+            } else {
+                detail.join("; ")
+            },
+        })
+    }
+    fn raw_output(&self, gpu: &Gpu) -> Result<Vec<u32>, GpuError> {
+        let mut v: Vec<u32> = gpu.download(&self.q)?;
+        v.extend(gpu.download::<u32>(&self.ds)?);
+        Ok(v)
+    }
+    fn bytes_per_call(&self) -> u64 {
+        let e = self.xs.len() as u64;
+        4 * e + e + e / 32 * 8
+    }
+    fn ops_per_call(&self) -> u64 {
+        self.xs.len() as u64
+    }
+    fn op_kind(&self) -> OpKind {
+        OpKind::Flop
+    }
+}

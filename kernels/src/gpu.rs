@@ -1,0 +1,473 @@
+//! A thin wrapper over cudarc's driver API: one context and one stream per
+//! `Gpu`, device attributes, cubin module loading, raw device buffers and
+//! kernel launches.
+//!
+//! A missing driver or GPU is the typed error `GpuError::NoGpu`
+//! ("no CUDA GPU: ..."), never a panic.
+
+use crate::compile::{Arch, CompiledVariant};
+use crate::family::{DeviceLimits, LaunchGeometry};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error("no CUDA GPU: {0}")]
+    NoGpu(String),
+    #[error("CUDA driver error in {what}: {err}")]
+    Driver { what: String, err: DriverError },
+    #[error(transparent)]
+    Compile(#[from] crate::compile::CompileError),
+    /// The variant was rejected by `validate` for this problem.
+    #[error("{0}")]
+    Rejected(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub(crate) fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, GpuError> {
+    r.map_err(|err| GpuError::Driver {
+        what: what.to_string(),
+        err,
+    })
+}
+
+/// What the device says about itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub sm_count: u32,
+    pub l2_bytes: u64,
+    pub cc: (u32, u32),
+    /// cuDriverGetVersion, e.g. 13000 for CUDA 13.0.
+    pub driver_version: i32,
+    pub smem_optin_per_block: u32,
+    pub smem_per_sm: u32,
+    pub max_threads_per_block: u32,
+    /// Maximum (boost) SM clock as reported by the driver.
+    pub clock_mhz: u32,
+    pub mem_clock_mhz: u32,
+    pub mem_bus_bits: u32,
+    pub total_mem_bytes: u64,
+}
+
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: context, a private stream, attributes.
+    pub fn new(ordinal: usize) -> Result<Gpu, GpuError> {
+        // SAFETY: only attempts to dlopen libcuda; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::NoGpu(
+                "the CUDA driver library (libcuda.so) could not be loaded".into(),
+            ));
+        }
+        result::init().map_err(|e| GpuError::NoGpu(format!("cuInit failed: {e}")))?;
+        let count = CudaContext::device_count()
+            .map_err(|e| GpuError::NoGpu(format!("cuDeviceGetCount failed: {e}")))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(GpuError::NoGpu(format!(
+                "device {ordinal} requested but the driver reports {count} device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| GpuError::NoGpu(format!("creating a context on device {ordinal}: {e}")))?;
+        // Launches here pass raw pointers; cudarc's per-argument event
+        // tracking would only add work to the timed region.
+        // SAFETY: no cudarc-tracked allocation is shared across streams here.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = drv("cuStreamCreate", ctx.new_stream())?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<i32, GpuError> {
+            drv("cuDeviceGetAttribute", ctx.attribute(a))
+        };
+        use sys::CUdevice_attribute as A;
+        let mut driver_version = 0i32;
+        // SAFETY: the driver library is loaded (checked above); valid out-pointer.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|err| GpuError::Driver {
+                what: "cuDriverGetVersion".into(),
+                err,
+            })?;
+        let info = DeviceInfo {
+            ordinal,
+            name: drv("cuDeviceGetName", ctx.name())?,
+            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+            cc: (
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+            ),
+            driver_version,
+            smem_optin_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                as u32,
+            smem_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u32,
+            max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
+            clock_mhz: (attr(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000) as u32,
+            mem_clock_mhz: (attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? / 1000) as u32,
+            mem_bus_bits: attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32,
+            total_mem_bytes: drv("cuDeviceTotalMem", ctx.total_mem())? as u64,
+        };
+        Ok(Gpu { ctx, stream, info })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn arch(&self) -> Arch {
+        Arch(self.info.cc.0 * 10 + self.info.cc.1)
+    }
+
+    pub fn limits(&self) -> DeviceLimits {
+        DeviceLimits {
+            arch: self.arch(),
+            max_smem_per_block: self.info.smem_optin_per_block,
+            max_threads_per_block: self.info.max_threads_per_block,
+            sm_count: self.info.sm_count,
+            l2_bytes: self.info.l2_bytes,
+        }
+    }
+
+    pub(crate) fn bind(&self) -> Result<(), GpuError> {
+        drv("cuCtxSetCurrent", self.ctx.bind_to_thread())
+    }
+
+    pub(crate) fn stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        drv("cuStreamSynchronize", self.stream.synchronize())
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), GpuError> {
+        self.bind()?;
+        drv("cuMemGetInfo", self.ctx.mem_get_info())
+    }
+
+    /// Loads a compiled variant eagerly: the module, every function in it,
+    /// the dynamic shared-memory opt-in, and a cross-check of ptxas's
+    /// register / static smem / local counts against cuFuncGetAttribute.
+    pub fn load(&self, cv: &CompiledVariant) -> Result<Module, GpuError> {
+        self.bind()?;
+        if cv.arch != self.arch() {
+            return Err(GpuError::Other(format!(
+                "{}: compiled for {} but the device is {}",
+                cv.family,
+                cv.arch,
+                self.arch()
+            )));
+        }
+        // cuModuleLoadData reads the image in place; give it an 8-aligned copy.
+        let mut image: Vec<u64> = vec![0; cv.cubin.len().div_ceil(8) + 1];
+        // SAFETY: `image` has at least cv.cubin.len() bytes; u64 -> u8 view is valid.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(image.as_mut_ptr() as *mut u8, image.len() * 8)
+        };
+        bytes[..cv.cubin.len()].copy_from_slice(&cv.cubin);
+        // SAFETY: `image` holds a complete cubin produced by NVRTC and lives
+        // until the call returns (the driver copies it).
+        let module = drv("cuModuleLoadData", unsafe {
+            result::module::load_data(image.as_ptr() as *const c_void)
+        })?;
+        let mut m = Module {
+            ctx: self.ctx.clone(),
+            module,
+            functions: BTreeMap::new(),
+            attribute_notes: Vec::new(),
+        };
+        let max_dyn = self.info.smem_optin_per_block as i32;
+        for fr in &cv.functions {
+            let cname = CString::new(fr.name.as_str())
+                .map_err(|_| GpuError::Other(format!("bad function name {}", fr.name)))?;
+            // SAFETY: `module` is loaded and not unloaded until `m` drops.
+            let f = drv("cuModuleGetFunction", unsafe {
+                result::module::get_function(m.module, cname)
+            })?;
+            use sys::CUfunction_attribute as FA;
+            let get = |a: FA| -> Result<i32, GpuError> {
+                // SAFETY: `f` is a valid function of a loaded module.
+                drv("cuFuncGetAttribute", unsafe {
+                    result::function::get_function_attribute(f, a)
+                })
+            };
+            let regs = get(FA::CU_FUNC_ATTRIBUTE_NUM_REGS)? as u32;
+            let smem = get(FA::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u32;
+            let local = get(FA::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)? as u32;
+            if regs != fr.registers || smem != fr.static_smem || local != fr.stack_bytes {
+                m.attribute_notes.push(format!(
+                    "{}: ptxas said regs={} smem={} stack={}, driver says regs={regs} smem={smem} local={local}",
+                    fr.name, fr.registers, fr.static_smem, fr.stack_bytes
+                ));
+            }
+            let dyn_allowed = (max_dyn - smem as i32).max(0);
+            // SAFETY: valid function; the value is within the device's opt-in limit.
+            drv("cuFuncSetAttribute", unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    FA::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dyn_allowed,
+                )
+            })?;
+            m.functions.insert(fr.name.clone(), f);
+        }
+        Ok(m)
+    }
+
+    /// Allocates `bytes` of device memory (uninitialised).
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, GpuError> {
+        self.bind()?;
+        // SAFETY: plain allocation; freed in DeviceBuffer::drop.
+        let ptr = drv("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(16)) })?;
+        Ok(DeviceBuffer {
+            ctx: self.ctx.clone(),
+            ptr,
+            bytes,
+        })
+    }
+
+    /// Allocates and uploads a host slice.
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DeviceBuffer, GpuError> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        self.write(&b, 0, data)?;
+        Ok(b)
+    }
+
+    /// Copies `data` into `dst` at byte `offset` (synchronous).
+    pub fn write<T: Copy>(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        data: &[T],
+    ) -> Result<(), GpuError> {
+        let n = std::mem::size_of_val(data);
+        if offset + n > dst.bytes {
+            return Err(GpuError::Other(format!(
+                "write of {n} bytes at {offset} past a {}-byte buffer",
+                dst.bytes
+            )));
+        }
+        self.bind()?;
+        self.synchronize()?;
+        // SAFETY: bounds checked above; `data` is a valid host slice of n bytes.
+        drv("cuMemcpyHtoD", unsafe {
+            result::memcpy_htod_sync(dst.ptr + offset as u64, data)
+        })
+    }
+
+    /// Downloads a whole buffer as `T`s (synchronises the stream first).
+    pub fn download<T: Copy + Default>(&self, src: &DeviceBuffer) -> Result<Vec<T>, GpuError> {
+        let n = src.bytes / std::mem::size_of::<T>();
+        let mut v = vec![T::default(); n];
+        self.synchronize()?;
+        // SAFETY: `v` holds n*size_of::<T>() <= src.bytes bytes.
+        drv("cuMemcpyDtoH", unsafe {
+            result::memcpy_dtoh_sync(&mut v, src.ptr)
+        })?;
+        Ok(v)
+    }
+
+    /// Fills a buffer with a repeated 32-bit pattern on the stream (used to
+    /// poison outputs with NaN before a run).
+    pub fn fill_u32(&self, dst: &DeviceBuffer, pattern: u32) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: the buffer holds at least bytes/4 words.
+        unsafe { sys::cuMemsetD32Async(dst.ptr, pattern, dst.bytes / 4, self.stream()) }
+            .result()
+            .map_err(|err| GpuError::Driver {
+                what: "cuMemsetD32Async".into(),
+                err,
+            })
+    }
+
+    /// Device-to-device copy of `src` into `dst` (same length) on the stream.
+    pub fn copy(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), GpuError> {
+        self.bind()?;
+        let n = dst.bytes.min(src.bytes);
+        // SAFETY: both buffers hold at least n bytes.
+        drv("cuMemcpyDtoDAsync", unsafe {
+            result::memcpy_dtod_async(dst.ptr, src.ptr, n, self.stream())
+        })
+    }
+
+    /// Enqueues one launch of `geo.kernel` from `m` with the given arguments.
+    pub fn launch(&self, m: &Module, geo: &LaunchGeometry, args: &[KArg]) -> Result<(), GpuError> {
+        let f = m.function(&geo.kernel)?;
+        let mut vals: Vec<[u64; 1]> = args
+            .iter()
+            .map(|a| match *a {
+                KArg::Ptr(p) => [p],
+                KArg::I32(v) => [v as u32 as u64],
+                KArg::F32(v) => [v.to_bits() as u64],
+                KArg::U64(v) => [v],
+            })
+            .collect();
+        // Each parameter points at its own 8-byte slot; 4-byte parameters
+        // read the low half (little-endian), as the driver copies by size.
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|v| v.as_mut_ptr() as *mut c_void)
+            .collect();
+        self.bind()?;
+        // SAFETY: `f` comes from a loaded module; `params` matches the
+        // kernel's parameter list (each family builds args for its own
+        // entry); every pointer argument is a live device allocation owned by
+        // the caller's workload, which outlives the synchronisation that
+        // follows any launch.
+        drv(&format!("cuLaunchKernel({})", geo.kernel), unsafe {
+            result::launch_kernel(
+                f,
+                geo.grid,
+                geo.block,
+                geo.dyn_smem,
+                self.stream(),
+                &mut params,
+            )
+        })
+    }
+
+    /// Resident blocks per SM for `geo` (cuOccupancyMaxActiveBlocksPerMultiprocessor).
+    pub fn occupancy(&self, m: &Module, geo: &LaunchGeometry) -> Result<u32, GpuError> {
+        let f = m.function(&geo.kernel)?;
+        self.bind()?;
+        // SAFETY: `f` belongs to a loaded module; plain query.
+        let n = drv("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                f,
+                geo.threads() as i32,
+                geo.dyn_smem as usize,
+            )
+        })?;
+        Ok(n.max(0) as u32)
+    }
+
+    /// A fresh event pair recorder on this GPU's stream.
+    pub(crate) fn event(&self) -> Result<Event, GpuError> {
+        self.bind()?;
+        let e = drv(
+            "cuEventCreate",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
+        Ok(Event {
+            ctx: self.ctx.clone(),
+            ev: e,
+        })
+    }
+
+    pub(crate) fn record(&self, e: &Event) -> Result<(), GpuError> {
+        // SAFETY: both handles are live.
+        drv("cuEventRecord", unsafe {
+            result::event::record(e.ev, self.stream())
+        })
+    }
+
+    /// Checks for an asynchronous error from earlier launches.
+    pub fn check_async(&self) -> Result<(), GpuError> {
+        self.synchronize()
+    }
+}
+
+/// A kernel argument (passed by value).
+#[derive(Clone, Copy, Debug)]
+pub enum KArg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+    U64(u64),
+}
+
+/// A loaded cubin and its functions.
+pub struct Module {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    functions: BTreeMap<String, sys::CUfunction>,
+    /// Differences between ptxas's and the driver's resource counts.
+    pub attribute_notes: Vec<String>,
+}
+
+impl Module {
+    pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, GpuError> {
+        self.functions
+            .get(name)
+            .copied()
+            .ok_or_else(|| GpuError::Other(format!("kernel {name} is not in the loaded module")))
+    }
+    pub fn function_names(&self) -> Vec<String> {
+        self.functions.keys().cloned().collect()
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: loaded in Gpu::load and unloaded exactly once here.
+        let _ = unsafe { result::module::unload(self.module) };
+    }
+}
+
+/// Raw device memory owned by this handle.
+pub struct DeviceBuffer {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    pub fn arg(&self) -> KArg {
+        KArg::Ptr(self.ptr)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated with cuMemAlloc in Gpu::alloc, freed once here;
+        // the context is synchronised so no kernel still reads it.
+        let _ = self.ctx.synchronize();
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+pub(crate) struct Event {
+    ctx: Arc<CudaContext>,
+    pub(crate) ev: sys::CUevent,
+}
+
+impl Event {
+    /// Milliseconds from `self` to `end` (both must have completed).
+    pub(crate) fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
+        // SAFETY: both events are live and were recorded on one stream.
+        drv("cuEventSynchronize", unsafe {
+            result::event::synchronize(end.ev)
+        })?;
+        drv("cuEventElapsedTime", unsafe {
+            result::event::elapsed(self.ev, end.ev)
+        })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: created in Gpu::event, destroyed once.
+        let _ = unsafe { result::event::destroy(self.ev) };
+    }
+}

@@ -1,0 +1,285 @@
+//! Timing with CUDA events in two cache regimes, and the bandwidth ceilings.
+//!
+//! A sample brackets `launches_per_sample` back-to-back launches with one
+//! pair of events and divides: for kernels of a few microseconds a pair of
+//! events per launch would measure the event overhead, not the kernel.
+//! Samples are enqueued in chunks so the host stays ahead of the GPU.
+
+use crate::compile::{compile_source, default_cache_dir, CompiledVariant};
+use crate::defines::{DefineValue, Defines};
+use crate::family::{Family, LaunchGeometry, Problem};
+use crate::gpu::{Gpu, GpuError, KArg};
+use crate::workload::{OpKind, Workload};
+use serde::{Deserialize, Serialize};
+
+/// Which cache state the weights are measured in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Regime {
+    /// The same buffers every call: L2-resident when they fit.
+    L2,
+    /// Weights rotated across enough copies to exceed 2x the L2 size;
+    /// activations stay warm.
+    Dram,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimingConfig {
+    pub warmup_ms: f64,
+    pub min_reps: usize,
+    pub max_reps: usize,
+    /// Stop when (p90 - p10) / median falls below this.
+    pub target_rel_spread: f64,
+    /// Stop sampling after this much measured GPU time.
+    pub budget_ms: f64,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig {
+            warmup_ms: 20.0,
+            min_reps: 20,
+            max_reps: 200,
+            target_rel_spread: 0.03,
+            budget_ms: 500.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Microseconds per call, one entry per sample.
+    pub samples_us: Vec<f64>,
+    pub weight_copies: usize,
+    /// weight_copies x weight bytes: the footprint rotated through.
+    pub rotated_bytes: u64,
+    pub bytes_per_call: u64,
+    pub ops_per_call: u64,
+    pub op_kind: OpKind,
+    pub launches_per_sample: usize,
+    /// Resident CTAs per SM the driver reports for this launch.
+    pub blocks_per_sm: u32,
+    pub regime: Regime,
+    /// Anything the reader should know (e.g. fewer copies than 2x L2 for
+    /// lack of memory).
+    pub note: String,
+}
+
+impl Timing {
+    pub fn median_us(&self) -> f64 {
+        let mut s = self.samples_us.clone();
+        s.sort_by(f64::total_cmp);
+        if s.is_empty() {
+            return f64::NAN;
+        }
+        s[s.len() / 2]
+    }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i]
+}
+
+fn rel_spread(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let med = quantile(&s, 0.5);
+    (quantile(&s, 0.9) - quantile(&s, 0.1)) / med
+}
+
+/// Times variant `cv` of `f` on problem `p` in `regime`.
+pub fn time_variant(
+    gpu: &Gpu,
+    f: &dyn Family,
+    cv: &CompiledVariant,
+    d: &Defines,
+    p: &Problem,
+    regime: Regime,
+    cfg: &TimingConfig,
+) -> Result<Timing, GpuError> {
+    let geo = f
+        .validate(d, p, &gpu.limits())
+        .map_err(|r| GpuError::Rejected(format!("{}: {r}", f.name())))?;
+    let module = gpu.load(cv)?;
+    let mut wl = f.workload(gpu, d, p, &geo, 0x5eed_0001)?;
+    let mut note = String::new();
+    let wb = wl.weight_bytes();
+    if regime == Regime::Dram && wb > 0 {
+        let l2 = gpu.info().l2_bytes;
+        let want = (2 * l2).div_ceil(wb) as usize + 1;
+        let (free, _) = gpu.mem_info()?;
+        let can = ((free as u64 / 2) / wb).max(1) as usize;
+        let n = want.min(can);
+        if n < want {
+            note = format!(
+                "only {n} weight copies fit in half the free memory ({} MB rotated < 2x L2)",
+                (n as u64 * wb) >> 20
+            );
+        }
+        wl.set_weight_copies(gpu, n)?;
+    }
+    let copies = wl.weight_copies();
+    let launch = |wl: &dyn Workload, i: usize| wl.launch(gpu, &module, i % copies);
+    // First launch: module warm, caches filled; then a single timed launch
+    // estimates the duration.
+    launch(wl.as_ref(), 0)?;
+    gpu.synchronize()?;
+    let e0 = gpu.event()?;
+    let e1 = gpu.event()?;
+    gpu.record(&e0)?;
+    for i in 0..copies.max(4) {
+        launch(wl.as_ref(), i)?;
+    }
+    gpu.record(&e1)?;
+    let est_ms = e0.elapsed_ms(&e1)? as f64 / copies.max(4) as f64;
+    // Aim for samples of >= 100 us (and a whole number of rotations).
+    let mut lps = ((0.1 / est_ms.max(1e-6)).ceil() as usize).clamp(1, 2000);
+    if copies > 1 {
+        lps = lps.div_ceil(copies) * copies;
+    }
+    let chunk = 10usize;
+    let events: Vec<_> = (0..=chunk).map(|_| gpu.event()).collect::<Result<_, _>>()?;
+    let mut counter = 0usize;
+    let mut run_chunk = |wl: &dyn Workload| -> Result<Vec<f64>, GpuError> {
+        gpu.record(&events[0])?;
+        for e in &events[1..] {
+            for _ in 0..lps {
+                launch(wl, counter)?;
+                counter += 1;
+            }
+            gpu.record(e)?;
+        }
+        let mut out = Vec::with_capacity(chunk);
+        for w in events.windows(2) {
+            out.push(w[0].elapsed_ms(&w[1])? as f64 * 1000.0 / lps as f64);
+        }
+        Ok(out)
+    };
+    // Warm-up until stable: three consecutive chunk medians within 2%, at
+    // least warmup_ms, at most 4x warmup_ms.
+    let mut warm_ms = 0.0;
+    let mut medians: Vec<f64> = Vec::new();
+    loop {
+        let s = run_chunk(wl.as_ref())?;
+        warm_ms += s.iter().sum::<f64>() * lps as f64 / 1000.0;
+        let mut ss = s.clone();
+        ss.sort_by(f64::total_cmp);
+        medians.push(quantile(&ss, 0.5));
+        let stable = medians.len() >= 3 && {
+            let t = &medians[medians.len() - 3..];
+            let lo = t.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = t.iter().cloned().fold(0.0, f64::max);
+            (hi - lo) / lo < 0.02
+        };
+        if (warm_ms >= cfg.warmup_ms && stable) || warm_ms >= 4.0 * cfg.warmup_ms.max(1.0) {
+            break;
+        }
+    }
+    let mut samples: Vec<f64> = Vec::new();
+    let mut spent_ms = 0.0;
+    loop {
+        let s = run_chunk(wl.as_ref())?;
+        spent_ms += s.iter().sum::<f64>() * lps as f64 / 1000.0;
+        samples.extend(s);
+        if samples.len() >= cfg.max_reps
+            || (samples.len() >= cfg.min_reps
+                && (rel_spread(&samples) <= cfg.target_rel_spread || spent_ms >= cfg.budget_ms))
+        {
+            break;
+        }
+    }
+    gpu.check_async()?;
+    Ok(Timing {
+        samples_us: samples,
+        weight_copies: copies,
+        rotated_bytes: copies as u64 * wb,
+        bytes_per_call: wl.bytes_per_call(),
+        ops_per_call: wl.ops_per_call(),
+        op_kind: wl.op_kind(),
+        launches_per_sample: lps,
+        blocks_per_sm: gpu.occupancy(&module, &geo)?,
+        regime,
+        note,
+    })
+}
+
+/// Measured read-bandwidth ceilings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ceilings {
+    /// Read-only stream over a buffer far larger than L2, GB/s (1e9 B/s).
+    pub hbm_read_gbps: f64,
+    /// Repeated read-only stream over an L2-resident buffer, GB/s.
+    pub l2_read_gbps: f64,
+    pub hbm_buffer_bytes: u64,
+    pub l2_buffer_bytes: u64,
+}
+
+/// HBM and L2 read bandwidth with the 16-byte-load stream kernel
+/// (kernels/cuda/stream.cu); medians of 20 samples each.
+pub fn measure_ceilings(gpu: &Gpu) -> Result<Ceilings, GpuError> {
+    let text = crate::source::resolve("stream.cu").map_err(GpuError::Other)?;
+    let d: Defines = [("THREADS".to_string(), DefineValue::Int(512))]
+        .into_iter()
+        .collect();
+    let mut opts: Vec<String> = crate::compile::BASE_OPTIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    opts.push(format!("--gpu-architecture={}", gpu.arch()));
+    opts.extend(crate::defines::to_options(&d).map_err(GpuError::Other)?);
+    let cache = default_cache_dir();
+    let cv = compile_source(
+        "stream",
+        "stream.cu",
+        &text,
+        &d,
+        &opts,
+        gpu.arch(),
+        cache.as_deref(),
+    )?;
+    let module = gpu.load(&cv)?;
+    let l2 = gpu.info().l2_bytes;
+    let (free, _) = gpu.mem_info()?;
+    let hbm_bytes = (8 * l2).max(1 << 30).min(free as u64 / 3) & !0xffff;
+    let l2_bytes = (l2 / 3) & !0xffff;
+    let big = gpu.alloc(hbm_bytes as usize)?;
+    gpu.fill_u32(&big, 0x3c00_3c00)?;
+    let sink = gpu.alloc(64)?;
+    let blocks = gpu.info().sm_count * 4;
+    let geo = LaunchGeometry {
+        kernel: "stream_read".into(),
+        grid: (blocks, 1, 1),
+        block: (512, 1, 1),
+        dyn_smem: 0,
+    };
+    let measure = |bytes: u64, reps: i32| -> Result<f64, GpuError> {
+        let args = [
+            big.arg(),
+            KArg::U64(bytes / 16),
+            KArg::I32(reps),
+            sink.arg(),
+        ];
+        gpu.launch(&module, &geo, &args)?;
+        let evs: Vec<_> = (0..21).map(|_| gpu.event()).collect::<Result<_, _>>()?;
+        gpu.record(&evs[0])?;
+        for e in &evs[1..] {
+            gpu.launch(&module, &geo, &args)?;
+            gpu.record(e)?;
+        }
+        let mut t: Vec<f64> = evs
+            .windows(2)
+            .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64))
+            .collect::<Result<_, _>>()?;
+        t.sort_by(f64::total_cmp);
+        Ok(bytes as f64 * reps as f64 / (t[t.len() / 2] * 1e-3) / 1e9)
+    };
+    let hbm = measure(hbm_bytes, 1)?;
+    let l2bw = measure(l2_bytes, 40)?;
+    gpu.check_async()?;
+    Ok(Ceilings {
+        hbm_read_gbps: hbm,
+        l2_read_gbps: l2bw,
+        hbm_buffer_bytes: hbm_bytes,
+        l2_buffer_bytes: l2_bytes,
+    })
+}

@@ -1,0 +1,390 @@
+//! GPU checks of every family over shapes with partial tiles, and timing
+//! probes that print numbers. All `#[ignore = "needs a CUDA GPU"]`; without a
+//! GPU they panic with the reason instead of passing.
+
+use gemtune_kernels::compile::{compile, default_cache_dir, CompiledVariant};
+use gemtune_kernels::defines::{DefineValue, Defines};
+use gemtune_kernels::family::{family, Family, Problem};
+use gemtune_kernels::quant::GgmlType;
+use gemtune_kernels::{check_variant, measure_ceilings, time_variant, Gpu, Regime, TimingConfig};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+}
+
+fn build(gpu: &Gpu, f: &dyn Family, d: &Defines) -> CompiledVariant {
+    compile(f, d, gpu.arch(), default_cache_dir().as_deref())
+        .unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+fn with(mut d: Defines, kv: &[(&str, DefineValue)]) -> Defines {
+    for (k, v) in kv {
+        d.insert(k.to_string(), v.clone());
+    }
+    d
+}
+
+fn i(v: i64) -> DefineValue {
+    DefineValue::Int(v)
+}
+fn s(v: &str) -> DefineValue {
+    DefineValue::Str(v.into())
+}
+
+/// Checks `d` on every shape; returns the failures as lines.
+fn check_all(gpu: &Gpu, f: &dyn Family, d: &Defines, shapes: &[Problem]) -> Vec<String> {
+    let cv = build(gpu, f, d);
+    let mut bad = Vec::new();
+    for p in shapes {
+        let tol = f.default_tolerance(d, p);
+        match check_variant(gpu, f, &cv, d, p, 7, &tol) {
+            Ok(r) => {
+                println!(
+                    "{:14} {:60} {:?}: {} rms_rel {:.2e} replay {:?} max_rel {:.2e}",
+                    f.name(),
+                    gemtune_kernels::defines::canonical(d),
+                    p,
+                    if r.passed { "PASS" } else { "FAIL" },
+                    r.rms_rel,
+                    r.replay_rms_rel,
+                    r.max_rel
+                );
+                if !r.passed {
+                    bad.push(format!(
+                        "{} {} {:?}: {}",
+                        f.name(),
+                        gemtune_kernels::defines::canonical(d),
+                        p,
+                        r.detail
+                    ));
+                }
+            }
+            Err(e) => bad.push(format!("{} {:?}: error {e}", f.name(), p)),
+        }
+    }
+    bad
+}
+
+fn matmul_shapes(wt: GgmlType) -> Vec<Problem> {
+    let mut v = Vec::new();
+    for m in [1usize, 3, 8, 77, 256] {
+        for n in [64usize, 200, 1024] {
+            for k in [256usize, 2560] {
+                v.push(Problem::matmul(m, n, k, wt));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantize_q8_1_is_bitexact() {
+    let gpu = gpu();
+    let f = family("quantize_q8_1").unwrap();
+    let d = f.default_defines(GgmlType::Q8_0);
+    let shapes: Vec<Problem> = [(1usize, 256usize), (3, 2560), (77, 2560), (256, 10240)]
+        .iter()
+        .map(|&(m, k)| Problem::matmul(m, 1, k, GgmlType::Q8_0))
+        .collect();
+    let bad = check_all(&gpu, f, &d, &shapes);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_variants_pass() {
+    let gpu = gpu();
+    let f = family("gemv").unwrap();
+    let mut bad = Vec::new();
+    for wt in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        let shapes: Vec<Problem> = [1usize, 2, 3, 5, 8]
+            .iter()
+            .flat_map(|&m| {
+                [(200usize, 256usize), (1024, 2560), (77, 2560)]
+                    .map(|(n, k)| Problem::matmul(m, n, k, wt))
+            })
+            .collect();
+        let base = f.default_defines(wt);
+        for (algo, layout, rows, warps, fuse, ksplit, unroll) in [
+            (0, 1, 2, 4, 0, 1, 1),
+            (1, 1, 2, 4, 0, 1, 2),
+            (0, 0, 1, 4, 0, 2, 1),
+            (1, 0, 4, 2, 0, 1, 4),
+            (0, 1, 2, 4, 1, 4, 2),
+            (1, 1, 3, 4, 1, 2, 1),
+            (1, 1, 1, 8, 0, 8, 4),
+        ] {
+            let d = with(
+                base.clone(),
+                &[
+                    ("ALGO", i(algo)),
+                    ("LAYOUT", i(layout)),
+                    ("ROWS", i(rows)),
+                    ("WARPS", i(warps)),
+                    ("FUSE", i(fuse)),
+                    ("KSPLIT", i(ksplit)),
+                    ("UNROLL", i(unroll)),
+                ],
+            );
+            bad.extend(check_all(&gpu, f, &d, &shapes));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+fn gemm_variants(name: &str) -> Vec<Vec<(&'static str, DefineValue)>> {
+    let mut v = vec![
+        vec![],
+        vec![
+            ("STAGES", i(1)),
+            ("CP_ASYNC", i(0)),
+            ("BM", i(64)),
+            ("BN", i(64)),
+            ("WARPS_M", i(2)),
+            ("WARPS_N", i(2)),
+        ],
+        vec![
+            ("BK", i(32)),
+            ("STAGES", i(4)),
+            ("BN", i(256)),
+            ("WARPS_N", i(4)),
+        ],
+        vec![("BK", i(128)), ("STAGES", i(2)), ("CP_ASYNC", i(0))],
+    ];
+    if name == "mmq" {
+        v.push(vec![("EPI", i(0))]);
+    } else {
+        v.push(vec![("DQ_TYPE", s("BF16"))]);
+    }
+    v
+}
+
+fn gemm_family_passes(name: &str) {
+    let gpu = gpu();
+    let f = family(name).unwrap();
+    let mut bad = Vec::new();
+    for wt in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        for extra in gemm_variants(name) {
+            let d = with(f.default_defines(wt), &extra);
+            bad.extend(check_all(&gpu, f, &d, &matmul_shapes(wt)));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mmq_variants_pass() {
+    gemm_family_passes("mmq");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemm_dq_variants_pass() {
+    gemm_family_passes("gemm_dq");
+}
+
+/// Prints timings (not asserted: numbers for the report).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn timing_probe() {
+    let gpu = gpu();
+    let info = gpu.info();
+    println!(
+        "device {} sm {} l2 {} MB cc {:?} driver {} clock {} MHz",
+        info.name,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        info.cc,
+        info.driver_version,
+        info.clock_mhz
+    );
+    let c = measure_ceilings(&gpu).unwrap();
+    println!(
+        "ceilings: hbm {:.0} GB/s  l2 {:.0} GB/s",
+        c.hbm_read_gbps, c.l2_read_gbps
+    );
+    let cfg = TimingConfig {
+        warmup_ms: 10.0,
+        min_reps: 10,
+        max_reps: 60,
+        target_rel_spread: 0.03,
+        budget_ms: 150.0,
+    };
+    let spec = std::env::var("GEMTUNE_PROBE").unwrap_or_default();
+    let run = |fname: &str, d: &Defines, p: Problem, regime: Regime| {
+        let f = family(fname).unwrap();
+        if let Err(r) = f.validate(d, &p, &gpu.limits()) {
+            println!(
+                "{fname} {}: rejected {r}",
+                gemtune_kernels::defines::canonical(d)
+            );
+            return;
+        }
+        let cv = match compile(f, d, gpu.arch(), default_cache_dir().as_deref()) {
+            Ok(cv) => cv,
+            Err(e) => {
+                println!("{fname}: compile error {e}");
+                return;
+            }
+        };
+        match time_variant(&gpu, f, &cv, d, &p, regime, &cfg) {
+            Ok(t) => {
+                let us = t.median_us();
+                println!(
+                    "TIME {fname:8} {:?} {:?} m{} n{} k{} [{}] regs {} : {:.2} us  {:.0} GB/s  {:.1} T/s  copies {} lps {} occ {}",
+                    regime, p_wt(&p), p_m(&p).0, p_m(&p).1, p_m(&p).2,
+                    gemtune_kernels::defines::canonical(d), cv.registers, us,
+                    t.bytes_per_call as f64 / us / 1e3, t.ops_per_call as f64 / us / 1e6, t.weight_copies, t.launches_per_sample, t.blocks_per_sm
+                );
+            }
+            Err(e) => println!("{fname}: timing error {e}"),
+        }
+    };
+    let _ = spec;
+    let only = std::env::var("GEMTUNE_PROBE_ONLY").unwrap_or_default();
+    for wt in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        let g = family("gemv").unwrap();
+        if only.is_empty() || only.contains("gemv") {
+            for (m, n, k) in [
+                (1usize, 10240usize, 2560usize),
+                (1, 2560, 10240),
+                (1, 2048, 2560),
+                (8, 10240, 2560),
+            ] {
+                for (rows, warps, ksplit, unroll) in [
+                    (2, 4, 1, 1),
+                    (4, 4, 1, 1),
+                    (4, 4, 1, 2),
+                    (2, 8, 2, 2),
+                    (4, 8, 2, 1),
+                    (8, 4, 1, 1),
+                    (4, 2, 1, 1),
+                ] {
+                    let d = with(
+                        g.default_defines(wt),
+                        &[
+                            ("ROWS", i(rows)),
+                            ("WARPS", i(warps)),
+                            ("KSPLIT", i(ksplit)),
+                            ("UNROLL", i(unroll)),
+                        ],
+                    );
+                    run("gemv", &d, Problem::matmul(m, n, k, wt), Regime::Dram);
+                }
+            }
+            let d = with(
+                g.default_defines(wt),
+                &[("ALGO", i(0)), ("LAYOUT", i(0)), ("ROWS", i(1))],
+            );
+            run(
+                "gemv",
+                &d,
+                Problem::matmul(1, 10240, 2560, wt),
+                Regime::Dram,
+            );
+        }
+        for fname in ["gemm_dq", "mmq"] {
+            if !(only.is_empty() || only.contains(fname)) {
+                continue;
+            }
+            let f = family(fname).unwrap();
+            for (n, k) in [(10240usize, 2560usize), (2560, 10240)] {
+                let vs: Vec<Vec<(&str, DefineValue)>> = vec![
+                    vec![],
+                    vec![("BK", i(128)), ("STAGES", i(2))],
+                    vec![("BK", i(128)), ("STAGES", i(3))],
+                    vec![("BN", i(256)), ("WARPS_N", i(4)), ("WARPS_M", i(2))],
+                    vec![
+                        ("BM", i(64)),
+                        ("BN", i(256)),
+                        ("WARPS_M", i(1)),
+                        ("WARPS_N", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(128)),
+                        ("BN", i(128)),
+                        ("WARPS_M", i(2)),
+                        ("WARPS_N", i(2)),
+                    ],
+                    vec![
+                        ("BM", i(128)),
+                        ("BN", i(128)),
+                        ("WARPS_M", i(4)),
+                        ("WARPS_N", i(2)),
+                        ("STAGES", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(64)),
+                        ("BN", i(128)),
+                        ("WARPS_M", i(2)),
+                        ("WARPS_N", i(2)),
+                        ("STAGES", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(128)),
+                        ("BN", i(128)),
+                        ("WARPS_M", i(1)),
+                        ("WARPS_N", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(128)),
+                        ("BN", i(64)),
+                        ("WARPS_M", i(1)),
+                        ("WARPS_N", i(2)),
+                        ("STAGES", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(64)),
+                        ("BN", i(64)),
+                        ("WARPS_M", i(1)),
+                        ("WARPS_N", i(2)),
+                        ("STAGES", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(64)),
+                        ("BN", i(128)),
+                        ("WARPS_M", i(2)),
+                        ("WARPS_N", i(4)),
+                    ],
+                    vec![
+                        ("BM", i(64)),
+                        ("BN", i(128)),
+                        ("WARPS_M", i(2)),
+                        ("WARPS_N", i(4)),
+                        ("STAGES", i(2)),
+                    ],
+                    vec![
+                        ("BM", i(128)),
+                        ("BN", i(64)),
+                        ("WARPS_M", i(4)),
+                        ("WARPS_N", i(2)),
+                    ],
+                ];
+                for extra in vs {
+                    let d = with(f.default_defines(wt), &extra);
+                    run(fname, &d, Problem::matmul(2048, n, k, wt), Regime::Dram);
+                }
+                let d = f.default_defines(wt);
+                run(fname, &d, Problem::matmul(2048, n, k, wt), Regime::L2);
+                run(fname, &d, Problem::matmul(512, n, k, wt), Regime::Dram);
+                if fname == "gemm_dq" {
+                    let d = with(f.default_defines(wt), &[("DQ_TYPE", s("BF16"))]);
+                    run(fname, &d, Problem::matmul(2048, n, k, wt), Regime::Dram);
+                }
+            }
+        }
+    }
+}
+
+fn p_m(p: &Problem) -> (usize, usize, usize) {
+    match p {
+        Problem::Matmul(mp) => (mp.m, mp.n, mp.k),
+    }
+}
+fn p_wt(p: &Problem) -> &'static str {
+    match p {
+        Problem::Matmul(mp) => mp.wtype.name(),
+    }
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs the kernel harness on a GPU host: correctness check, then the tuning
+# sweeps behind the issue's figures. Each phase writes one compact report
+# directory (at most 7 files: check.csv, results.csv, summary.md, PNGs) under
+# OUT_ROOT, so a phase's results fit a transfer of 8 files.
+#
+# usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-more|all]
+#   check         gemtune check over every family (GPU), a shape subset that keeps the oracle fast
+#   gemv          tune gemv on E4B decode shapes, 1/2/4/8 tokens, l2 and dram
+#   prefill       tune mmq,gemm_dq side by side on E4B FFN shapes at N = 2048 (+512, 4096)
+#   prefill-more  the same on the 12B Q4_0 FFN and E4B attention projections at N = 2048
+#   all           every phase above (needs more than one 10-minute slot)
+# Environment: GEMTUNE (binary; default target/release/gemtune, built if missing),
+# GEMTUNE_BUDGET_MS (timing budget per cell, default 150).
+set -euo pipefail
+
+out_root=${1:?usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-more|all]}
+phase=${2:-all}
+cd "$(dirname "$0")/.."
+
+# NVRTC from the pip wheel when present (CI and the dev box); a CUDA toolkit's
+# libnvrtc on the default search path works as well.
+if py_lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); then
+    export LD_LIBRARY_PATH="$py_lib:${LD_LIBRARY_PATH:-}"
+fi
+
+bin=${GEMTUNE:-target/release/gemtune}
+if [[ ! -x "$bin" ]]; then
+    cargo build --release -p gemtune
+fi
+budget=${GEMTUNE_BUDGET_MS:-150}
+tune=("$bin" tune --budget-ms "$budget" --min-reps 10 --max-reps 100 --check-max-m 128)
+
+mkdir -p "$out_root"
+status=0
+run_phase() {
+    local name=$1
+    shift
+    echo "== $name: $*" >&2
+    "$@" || { rc=$?; echo "== $name exited $rc" >&2; status=$rc; }
+}
+
+case $phase in
+check | all)
+    run_phase check "$bin" check --out "$out_root/check" \
+        --tokens 1,3,7,8,113 --shape e4b.ffn_up --shape e4b.attn_k --shape 12b.ffn_up --shape edge.
+    ;;&
+gemv | all)
+    run_phase gemv "${tune[@]}" gemv --shapes decode.toml --regime both \
+        --shape e4b.ffn_up --shape e4b.ffn_down --shape e4b.attn_q --tokens 1,2,4,8 \
+        --out "$out_root/gemv"
+    ;;&
+prefill | all)
+    run_phase prefill "${tune[@]}" mmq,gemm_dq --shapes ffn.toml --regime both \
+        --shape e4b.ffn_up --shape e4b.ffn_down --tokens 512,2048,4096 \
+        --out "$out_root/prefill"
+    ;;&
+prefill-more | all)
+    run_phase prefill-more "${tune[@]}" mmq,gemm_dq --shapes ffn.toml --shapes attn_proj.toml --regime both \
+        --shape 12b.ffn_up --shape 12b.ffn_down --shape e4b.attn_q --shape e4b.attn_output --tokens 2048 \
+        --out "$out_root/prefill-more"
+    ;;
+check | gemv | prefill) ;;
+*)
+    echo "unknown phase '$phase'" >&2
+    exit 4
+    ;;
+esac
+exit $status
