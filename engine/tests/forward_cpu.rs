@@ -721,3 +721,30 @@ fn engine_matches_a_plain_oracle_forward() {
         assert!(dd < 1e-4, "engine (batch {mb}) vs oracle forward: {dd}");
     }
 }
+
+/// Prefill of 13 tokens (groups of the many-token kernel plus a remainder)
+/// equals 13 single-token decodes, bit for bit, for every synth weight type.
+#[test]
+fn prefill_equals_decodes_for_every_weight_type() {
+    let toks = tokens(13, 5);
+    for w in synth::WeightType::ALL {
+        let bytes =
+            synth::synth_to_vec(synth::SynthVariant::Tiny, w, synth::SynthOptions::default())
+                .expect("synth tiny");
+        let file = GgufFile::from_bytes(bytes, "tiny").expect("parse tiny");
+        let model = Model::from_gguf(file).expect("load tiny");
+        let opts = |mb| CpuOptions {
+            max_seq: 64,
+            max_batch: mb,
+        };
+        let mut whole = CpuEngine::new(&model, opts(64)).unwrap();
+        let a = whole.forward(&toks, LogitRows::All).unwrap();
+        let mut dec = CpuEngine::new(&model, opts(1)).unwrap();
+        let mut rows = Vec::new();
+        for &t in &toks {
+            let l = dec.forward(&[t], LogitRows::Last).unwrap();
+            rows.extend_from_slice(l.last().unwrap());
+        }
+        assert_same(&a.data, &rows, &format!("{w:?}: prefill vs decodes"));
+    }
+}

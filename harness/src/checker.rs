@@ -57,6 +57,9 @@ pub struct CheckOptions {
     /// wtype): the f64 oracle grows with m and the kernel's indexing is the
     /// same; `None` checks every shape as is.
     pub check_max_m: Option<usize>,
+    /// Set (by a Ctrl-C handler) to stop after the current cell; the cells
+    /// not reached are listed as `skipped`.
+    pub stop: Option<&'static std::sync::atomic::AtomicBool>,
 }
 
 /// A (family, point, shape) that passed, with what `tune` needs to time it.
@@ -181,10 +184,21 @@ pub fn run_check(
                 .push("no GPU given to a non-compile-only check".into());
             return out;
         };
+        let mut proxied: BTreeMap<(String, String), gemtune_kernels::check::CheckReport> =
+            BTreeMap::new();
         for c in &cells {
             let p = &job.points[c.point];
             let s = &job.shapes[c.shape];
             let mut row = base_row(job, p, s, opts.arch, &c.defines);
+            if opts
+                .stop
+                .is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+            {
+                row.verdict = "skipped".into();
+                row.reason = "interrupted".into();
+                out.rows.push(row);
+                continue;
+            }
             let geo = match &c.outcome {
                 Err(reason) => {
                     row.verdict = "rejected".into();
@@ -232,7 +246,19 @@ pub fn run_check(
             let mut tol = job.family.default_tolerance(&c.defines, &problem);
             job.spec.tolerance.apply(&mut tol);
             progress(&format!("check {} {} {}", job.family.name(), p.id, s.name));
-            match check_variant(gpu, job.family, &cv, &c.defines, &problem, seed, &tol) {
+            // Shapes proxied to the same problem are checked once.
+            let key = (canonical(&c.defines), format!("{problem:?}"));
+            let result = match proxied.get(&key) {
+                Some(r) => Ok(r.clone()),
+                None => {
+                    let r = check_variant(gpu, job.family, &cv, &c.defines, &problem, seed, &tol);
+                    if let (Ok(rep), false) = (&r, check_note.is_empty()) {
+                        proxied.insert(key, rep.clone());
+                    }
+                    r
+                }
+            };
+            match result {
                 Ok(rep) => {
                     row.rms_rel = Some(rep.rms_rel);
                     row.max_rel = Some(rep.max_rel);
@@ -316,7 +342,7 @@ fn compile_only_rows(
         let p = &job.points[*pi];
         let s = &job.shapes[c.shape];
         let mut row = base_row(job, p, s, arch, &c.defines);
-        row.shape = format!("{count} shapes");
+        row.shape = format!("{}: {count} shapes", s.wtype_define());
         row.m = 0;
         row.n = 0;
         row.k = 0;

@@ -12,7 +12,11 @@ mod exit;
 use exit::Exit;
 
 #[derive(Parser)]
-#[command(name = "gemtune", version, about = "Gemma 4 kernel development, autotuning and inference")]
+#[command(
+    name = "gemtune",
+    version,
+    about = "Gemma 4 kernel development, autotuning and inference"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

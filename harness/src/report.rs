@@ -90,6 +90,12 @@ pub fn summary_md(inp: &SummaryInput<'_>) -> String {
         let _ = writeln!(s);
     }
     let families: BTreeSet<&str> = inp.rows.iter().map(|r| r.family.as_str()).collect();
+    if !inp.rows.is_empty() {
+        let _ = writeln!(
+            s,
+            "Regime the engine meets: `dram` for every weight matrix here. A whole model's weights are many times the L2 size, so the layers run between two uses of one matrix evict it; `l2` is what an isolated probe sees and bounds what caching could give.\n"
+        );
+    }
     for fam in &families {
         let _ = writeln!(s, "## {fam}: best variant per shape\n");
         let _ = writeln!(

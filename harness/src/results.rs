@@ -89,6 +89,8 @@ pub struct TuneRow {
     pub static_smem: u32,
     pub dyn_smem: u32,
     pub launches_per_sample: usize,
+    /// Resident blocks per SM the driver reports for the launch.
+    pub blocks_per_sm: u32,
     pub device: String,
     pub cc: String,
     pub sm_count: u32,

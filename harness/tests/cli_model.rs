@@ -1,10 +1,12 @@
 //! `gemtune synth` and `gemtune info` through the built binary.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
 fn gemtune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gemtune"))
+    Command::new(common::gemtune_bin())
         .args(args)
         .output()
         .expect("run gemtune")

@@ -1,9 +1,11 @@
 //! `gemtune run` and `gemtune logits` end to end on the built-in tiny model.
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn gemtune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gemtune"))
+    Command::new(common::gemtune_bin())
         .args(args)
         .output()
         .expect("spawn gemtune")

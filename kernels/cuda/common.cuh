@@ -150,3 +150,24 @@ DEVI u32 prmt(u32 a, u32 b, u32 sel) {
 // (a multiple of 16): an odd number of 16-byte units, so the 8 row addresses
 // of one ldmatrix phase (or 8 rows of 4-byte reads) fall in distinct banks.
 #define PAD16(b) ((((b) / 16) % 2 == 0) ? (b) + 16 : (b))
+
+// Shared memory one SM offers to resident blocks, in bytes, for the arch being
+// compiled (sm_90: 228 KB, sm_80/87: 164 KB, else 100 KB), less the 1 KB the
+// runtime reserves per block (counted by OCC_BLOCKS).
+#if __CUDA_ARCH__ >= 900
+#define SMEM_PER_SM (228 * 1024)
+#elif __CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870
+#define SMEM_PER_SM (164 * 1024)
+#else
+#define SMEM_PER_SM (100 * 1024)
+#endif
+// Blocks per SM to ask the register allocator for (__launch_bounds__'s second
+// argument): as many as shared memory allows, but never a register budget
+// below `acc` accumulators + 64 per thread, so tiles with few accumulators
+// are held to the budget that lets a second (third...) block co-reside
+// instead of losing it to a few extra registers, while large tiles keep the
+// registers they need.
+#define OCC_BLOCKS(threads, smem, acc)                                           \
+    ((SMEM_PER_SM / ((smem) + 1024)) < (65536 / ((threads) * ((acc) + 64)))      \
+         ? ((SMEM_PER_SM / ((smem) + 1024)) > 1 ? (SMEM_PER_SM / ((smem) + 1024)) : 1) \
+         : ((65536 / ((threads) * ((acc) + 64))) > 1 ? (65536 / ((threads) * ((acc) + 64))) : 1))

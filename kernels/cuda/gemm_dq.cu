@@ -148,13 +148,13 @@ template <int N> DEVI void wait_stages() {
 }
 
 // One thread's share of the stage copies, fixed for the whole k loop:
-// row 0 pointers (k = this thread's column), row strides, the rows left
-// before the M / N edge, and the shared-memory offset of its first chunk.
+// row 0 pointers (k = this thread's column), the rows left before the M / N
+// edge, and the shared-memory offset of its first chunk. (Row strides are
+// recomputed from K per tile: cheaper than holding six more registers.)
 struct Loader {
     const u8* a_src;
     const u8* b_src;
     const u8* s_src;
-    u64 a_step, b_step, s_step;  // bytes between this thread's rows of consecutive passes
     int a_rows, b_rows, s_rows;  // rows (from this thread's first) inside the matrix
     int a_col, b_col, s_col;     // first k of this thread's chunk (in k units)
     u32 a_off, b_off, s_off;     // stage-relative shared offsets
@@ -169,7 +169,6 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
         L.a_rows = M - m0 - r;
         L.a_col = cc * 8;
         L.a_src = reinterpret_cast<const u8*>(xh) + ((u64)(m0 + r) * K + cc * 8) * 2;
-        L.a_step = (u64)A_RSTEP * K * 2;
         L.a_off = r * SA + cc * 16;
     }
     {
@@ -178,11 +177,9 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
 #if WTYPE == Q8_0
         L.b_col = cc * 16;
         L.b_src = wq + (u64)(n0 + r) * K + cc * 16;
-        L.b_step = (u64)B_RSTEP * K;
 #else
         L.b_col = cc * 32;
         L.b_src = wq + (u64)(n0 + r) * (K / 2) + cc * 16;
-        L.b_step = (u64)B_RSTEP * (K / 2);
 #endif
         L.b_off = A_BYTES + r * SB + cc * 16;
     }
@@ -191,7 +188,6 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
         L.s_rows = N - n0 - r;
         L.s_col = j * 32;
         L.s_src = reinterpret_cast<const u8*>(wd + (u64)(n0 + r) * (K / 32) + j);
-        L.s_step = (u64)S_RSTEP * (K / 32) * 4;
         L.s_off = A_BYTES + B_BYTES + (r * KB + j) * 4;
     }
     return L;
@@ -204,6 +200,7 @@ DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, i
     {
         const bool kok = k0 + L.a_col < K;
         const u8* p = L.a_src + (u64)k0 * 2;
+        const u64 step = (u64)(A_RSTEP * 2) * (u32)K;
 #pragma unroll
         for (int it = 0; it < A_ITERS; ++it) {
             if (BM % A_RSTEP == 0 || it * A_RSTEP + (int)(threadIdx.x / A_CPR) < BM) {
@@ -211,7 +208,7 @@ DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, i
                 const u32 o = L.a_off + it * A_RSTEP * SA;
                 copy16(st + o, gst + o, ok ? p : base, ok);
             }
-            p += L.a_step;
+            p += step;
         }
     }
     {
@@ -221,6 +218,7 @@ DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, i
 #else
         const u8* p = L.b_src + k0 / 2;
 #endif
+        const u64 step = (u64)(WTYPE == Q8_0 ? B_RSTEP : B_RSTEP / 2) * (u32)K;
 #pragma unroll
         for (int it = 0; it < B_ITERS; ++it) {
             if (BN % B_RSTEP == 0 || it * B_RSTEP + (int)(threadIdx.x / B_CPR) < BN) {
@@ -228,12 +226,13 @@ DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, i
                 const u32 o = L.b_off + it * B_RSTEP * SB;
                 copy16(st + o, gst + o, ok ? p : base, ok);
             }
-            p += L.b_step;
+            p += step;
         }
     }
     {
         const bool kok = k0 + L.s_col < K;
         const u8* p = L.s_src + (k0 / 32) * 4;
+        const u64 step = (u64)(S_RSTEP / 8) * (u32)K;
 #pragma unroll
         for (int it = 0; it < S_ITERS; ++it) {
             if (BN % S_RSTEP == 0 || it * S_RSTEP + (int)(threadIdx.x / KB) < BN) {
@@ -241,7 +240,7 @@ DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, i
                 const u32 o = L.s_off + it * S_RSTEP * KB * 4;
                 copy4(st + o, gst + o, ok ? p : base, ok);
             }
-            p += L.s_step;
+            p += step;
         }
     }
 }
@@ -274,11 +273,13 @@ DEVI void mma_tile(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #endif
 }
 
-// One BK step of the warp's tile. `a_lane` is this lane's ldmatrix row
-// address (shared) for the stage; `sB`/`sSB` point at the stage's weights.
-DEVI void compute_stage(u32 a_lane, const u8* sB, const float* sSB, float (&acc)[MI][NJ][4]) {
+// k16 steps [KS0, KS1) of one BK step of the warp's tile. `a_lane` is this
+// lane's ldmatrix row address (shared) for the stage; `sB`/`sSB` point at
+// this lane's weight row and scale row in the stage.
+template <int KS0, int KS1>
+DEVI void compute_steps(u32 a_lane, const u8* sB, const float* sSB, float (&acc)[MI][NJ][4]) {
 #pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
+    for (int ks = KS0; ks < KS1; ++ks) {
         u32 a[MI][4];
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -303,7 +304,7 @@ DEVI void compute_stage(u32 a_lane, const u8* sB, const float* sSB, float (&acc)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, MI * NJ * 4))
 gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __restrict__ xh,
         float* __restrict__ y, int M, int N, int K) {
     extern __shared__ __align__(128) u8 smem[];
@@ -324,11 +325,7 @@ gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __re
     // Per-lane fragment addresses inside a stage.
     const u32 a_lane = s0 + (wm * WM + (lane & 15)) * SA + (lane >> 4) * 16;
     const int nl = wn * WN + g;
-#if WTYPE == Q8_0
     const u8* b_lane = smem + A_BYTES + nl * SB + tig * 4;
-#else
-    const u8* b_lane = smem + A_BYTES + nl * SB + tig * 4;
-#endif
     const float* s_lane = reinterpret_cast<const float*>(smem + A_BYTES + B_BYTES) + nl * KB;
     const int KT = (K + BK - 1) / BK;
 #if STAGES == 1
@@ -338,7 +335,7 @@ gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __re
         commit();
         wait_stages<0>();
         __syncthreads();
-        compute_stage(a_lane, b_lane, s_lane, acc);
+        compute_steps<0, BK / 16>(a_lane, b_lane, s_lane, acc);
     }
 #else
 #pragma unroll
@@ -350,11 +347,15 @@ gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __re
     for (int kt = 0; kt < KT; ++kt) {
         wait_stages<STAGES - 2>();
         __syncthreads();
+        // The first k16 step's fragment loads go out before this tile's
+        // copies, so the tensor cores start while the copies are issued.
+        const u32 so = rs * STAGE_BYTES;
+        const float* sl = reinterpret_cast<const float*>(reinterpret_cast<const u8*>(s_lane) + so);
+        compute_steps<0, 1>(a_lane + so, b_lane + so, sl, acc);
         const int nk = kt + STAGES - 1;
         if (nk < KT) load_stage(L, s0 + ws * STAGE_BYTES, smem + ws * STAGE_BYTES, base, nk, K);
         commit();
-        const u32 so = rs * STAGE_BYTES;
-        compute_stage(a_lane + so, b_lane + so, reinterpret_cast<const float*>(reinterpret_cast<const u8*>(s_lane) + so), acc);
+        compute_steps<1, BK / 16>(a_lane + so, b_lane + so, sl, acc);
         rs = rs == STAGES - 1 ? 0 : rs + 1;
         ws = ws == STAGES - 1 ? 0 : ws + 1;
     }

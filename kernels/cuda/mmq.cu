@@ -11,10 +11,12 @@
 // share a weight tile), grid.y = ceil(n/BN); WARPS_M x WARPS_N warps, each
 // owning a (BM/WARPS_M) x (BN/WARPS_N) sub-tile of 16x8 MMA tiles
 // (mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: A = activations via
-// 32-bit shared loads, B = weights via 32-bit shared loads). K advances BK at a time
-// through a STAGES-deep shared-memory ring filled by cp.async (CP_ASYNC=1) or
-// plain 16-byte loads (CP_ASYNC=0); out-of-range rows and k-blocks are
-// zero-filled. Each k32 block's integer tile is scaled in the epilogue:
+// ldmatrix.x4 per 16x32 tile, B = weights via 32-bit shared loads). K
+// advances BK at a time through a STAGES-deep shared-memory ring filled by
+// cp.async (CP_ASYNC=1) or plain 16-byte loads (CP_ASYNC=0); out-of-range
+// rows and k-blocks are zero-filled. Each thread's copy addresses and row
+// bounds are computed once before the k loop; per tile it only adds the k
+// offset and tests k against K. Each k32 block's integer tile is scaled in the epilogue:
 // acc += float(c) * (da * dw), the int->float conversion by I2F (EPI=0) or
 // the magic-number add (EPI=1, exact since |c| <= 32*127*127 < 2^22).
 // Contract: approx against the f64 oracle (Q8_1 activation noise); tight
@@ -86,20 +88,37 @@
 #error "tile does not divide the warp layout"
 #endif
 
-DEVI void copy16(u8* dst, const void* src, bool ok) {
+// Copy work per stage: chunks per row (16 bytes, or 4-byte scales) and rows
+// advanced per pass of all threads. Chunks per row divide 32, so each thread
+// keeps one column for every pass and only its row moves.
+#define A_CPR (BK / 16)
+#define A_RSTEP (THREADS / A_CPR)
+#define A_ITERS ((BM + A_RSTEP - 1) / A_RSTEP)
+#define B_CPR (BKW / 16)
+#define B_RSTEP (THREADS / B_CPR)
+#define B_ITERS ((BN + B_RSTEP - 1) / B_RSTEP)
+#define S_RSTEP (THREADS / KB)
+#define SA_ITERS ((BM + S_RSTEP - 1) / S_RSTEP)
+#define SB_ITERS ((BN + S_RSTEP - 1) / S_RSTEP)
+
+DEVI void copy16(u32 dst, u8* gdst, const void* src, bool ok) {
 #if CP_ASYNC
-    cp_async16(smem_addr(dst), src, ok ? 16 : 0);
+    (void)gdst;
+    cp_async16(dst, src, ok ? 16 : 0);
 #else
+    (void)dst;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (ok) v = *reinterpret_cast<const uint4*>(src);
-    *reinterpret_cast<uint4*>(dst) = v;
+    *reinterpret_cast<uint4*>(gdst) = v;
 #endif
 }
-DEVI void copy4(u8* dst, const void* src, bool ok) {
+DEVI void copy4(u32 dst, u8* gdst, const void* src, bool ok) {
 #if CP_ASYNC
-    cp_async4(smem_addr(dst), src, ok ? 4 : 0);
+    (void)gdst;
+    cp_async4(dst, src, ok ? 4 : 0);
 #else
-    *reinterpret_cast<float*>(dst) = ok ? *reinterpret_cast<const float*>(src) : 0.0f;
+    (void)dst;
+    *reinterpret_cast<float*>(gdst) = ok ? *reinterpret_cast<const float*>(src) : 0.0f;
 #endif
 }
 DEVI void commit() {
@@ -113,48 +132,96 @@ template <int N> DEVI void wait_stages() {
 #endif
 }
 
-DEVI void load_stage(u8* st, const u8* __restrict__ wq, const float* __restrict__ wd,
-                     const i8* __restrict__ xq, const float2* __restrict__ xds,
-                     int m0, int n0, int kt, int M, int N, int K) {
-    const int k0 = kt * BK;
+// One thread's share of the stage copies, fixed for the whole k loop: row 0
+// pointers (k = this thread's column), byte strides between its rows of
+// consecutive passes, rows left before the M / N edge, its first k, and the
+// stage-relative shared offset of its first chunk.
+struct Part {
+    const u8* src;
+    u64 step;
+    int rows;
+    int col;
+    u32 off;
+};
+struct Loader {
+    Part a, b, sa, sb;
+};
+
+DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
+                        const i8* __restrict__ xq, const float2* __restrict__ xds,
+                        int m0, int n0, int M, int N, int K) {
+    Loader L;
+    const int t = threadIdx.x;
     const int nbk = K / 32;
-    u8* sA = st;
-    u8* sB = st + A_BYTES;
-    u8* sSA = sB + B_BYTES;
-    u8* sSB = sSA + SCA_BYTES;
-    for (int c = threadIdx.x; c < BM * (BK / 16); c += THREADS) {
-        const int r = c / (BK / 16), cc = c % (BK / 16);
-        const int gm = m0 + r, gk = k0 + cc * 16;
-        const bool ok = gm < M && gk < K;
-        copy16(sA + r * SA + cc * 16, ok ? (const void*)(xq + (u64)gm * K + gk) : (const void*)xq, ok);
+    {
+        const int r = t / A_CPR, cc = t % A_CPR;
+        L.a.rows = M - m0 - r;
+        L.a.col = cc * 16;
+        L.a.src = reinterpret_cast<const u8*>(xq) + (u64)(m0 + r) * K + cc * 16;
+        L.a.step = (u64)A_RSTEP * K;
+        L.a.off = r * SA + cc * 16;
     }
-    for (int c = threadIdx.x; c < BN * (BKW / 16); c += THREADS) {
-        const int r = c / (BKW / 16), cc = c % (BKW / 16);
-        const int gn = n0 + r;
+    {
+        const int r = t / B_CPR, cc = t % B_CPR;
+        L.b.rows = N - n0 - r;
 #if WTYPE == Q8_0
-        const int gb = k0 + cc * 16;
-        const bool ok = gn < N && gb < K;
-        const u8* src = wq + (u64)gn * K + gb;
+        L.b.col = cc * 16;
+        L.b.src = wq + (u64)(n0 + r) * K + cc * 16;
+        L.b.step = (u64)B_RSTEP * K;
 #else
-        const int gb = k0 / 2 + cc * 16;
-        const bool ok = gn < N && gb < K / 2;
-        const u8* src = wq + (u64)gn * (K / 2) + gb;
+        L.b.col = cc * 32;
+        L.b.src = wq + (u64)(n0 + r) * (K / 2) + cc * 16;
+        L.b.step = (u64)B_RSTEP * (K / 2);
 #endif
-        copy16(sB + r * SB + cc * 16, ok ? (const void*)src : (const void*)wq, ok);
+        L.b.off = A_BYTES + r * SB + cc * 16;
     }
-    for (int c = threadIdx.x; c < BM * KB; c += THREADS) {
-        const int r = c / KB, j = c % KB;
-        const int gm = m0 + r, gb = k0 / 32 + j;
-        const bool ok = gm < M && gb < nbk;
-        const float* src = reinterpret_cast<const float*>(xds + (u64)gm * nbk + gb);
-        copy4(sSA + c * 4, ok ? (const void*)src : (const void*)xds, ok);
+    {
+        const int r = t / KB, j = t % KB;
+        // The d of each (d, sum) pair of the Q8_1 activation blocks.
+        L.sa.rows = M - m0 - r;
+        L.sa.col = j * 32;
+        L.sa.src = reinterpret_cast<const u8*>(xds + (u64)(m0 + r) * nbk + j);
+        L.sa.step = (u64)S_RSTEP * nbk * 8;
+        L.sa.off = A_BYTES + B_BYTES + (r * KB + j) * 4;
+        L.sb.rows = N - n0 - r;
+        L.sb.col = j * 32;
+        L.sb.src = reinterpret_cast<const u8*>(wd + (u64)(n0 + r) * nbk + j);
+        L.sb.step = (u64)S_RSTEP * nbk * 4;
+        L.sb.off = A_BYTES + B_BYTES + SCA_BYTES + (r * KB + j) * 4;
     }
-    for (int c = threadIdx.x; c < BN * KB; c += THREADS) {
-        const int r = c / KB, j = c % KB;
-        const int gn = n0 + r, gb = k0 / 32 + j;
-        const bool ok = gn < N && gb < nbk;
-        copy4(sSB + c * 4, ok ? (const void*)(wd + (u64)gn * nbk + gb) : (const void*)wd, ok);
+    return L;
+}
+
+// Copies of one part for k tile starting at k0; `kstep` is the source bytes
+// per k tile, `rstep`/`iters`/`cpr`/`lim` the pass geometry and `stride` the
+// shared bytes between passes.
+template <int ITERS, int RSTEP, int CPR, int LIM, int SSTRIDE, int BYTES>
+DEVI void load_part(const Part& P, u32 st, u8* gst, const u8* base, int k0, u64 koff, int K) {
+    const bool kok = k0 + P.col < K;
+    const u8* p = P.src + koff;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        if (LIM % RSTEP == 0 || it * RSTEP + (int)(threadIdx.x / CPR) < LIM) {
+            const bool ok = kok && it * RSTEP < P.rows;
+            const u32 o = P.off + it * SSTRIDE;
+            if (BYTES == 16)
+                copy16(st + o, gst + o, ok ? p : base, ok);
+            else
+                copy4(st + o, gst + o, ok ? p : base, ok);
+        }
+        p += P.step;
     }
+}
+
+DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, int K) {
+    const int k0 = kt * BK;
+    load_part<A_ITERS, A_RSTEP, A_CPR, BM, A_RSTEP * SA, 16>(L.a, st, gst, base, k0, (u64)k0, K);
+    load_part<B_ITERS, B_RSTEP, B_CPR, BN, B_RSTEP * SB, 16>(L.b, st, gst, base, k0,
+                                                             (u64)(k0 * BKW / BK), K);
+    load_part<SA_ITERS, S_RSTEP, KB, BM, S_RSTEP * KB * 4, 4>(L.sa, st, gst, base, k0,
+                                                              (u64)(k0 / 32) * 8, K);
+    load_part<SB_ITERS, S_RSTEP, KB, BN, S_RSTEP * KB * 4, 4>(L.sb, st, gst, base, k0,
+                                                              (u64)(k0 / 32) * 4, K);
 }
 
 DEVI float to_float(int c) {
@@ -165,43 +232,33 @@ DEVI float to_float(int c) {
 #endif
 }
 
-DEVI void compute_stage(const u8* st, float (&acc)[MI][NJ][4], int wm, int wn, int lane) {
-    const u8* sA = st;
-    const u8* sB = st + A_BYTES;
-    const float* sSA = reinterpret_cast<const float*>(sB + B_BYTES);
-    const float* sSB = sSA + BM * KB;
-    const int g = lane / 4, tig = lane % 4;
+// One BK step of the warp's tile. `a_lane` is this lane's ldmatrix row
+// address (shared); `sB` this lane's weight row, `sSA`/`sSB` its scale rows.
+DEVI void compute_stage(u32 a_lane, const u8* sB, const float* sSA, const float* sSB,
+                        float (&acc)[MI][NJ][4]) {
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks) {
         u32 a[MI][4];
         float da[MI][2];
 #pragma unroll
         for (int i = 0; i < MI; ++i) {
-            const int r = wm * WM + i * 16;
-            // Plain 32-bit shared loads (not ldmatrix) so the compiler can
-            // hoist the next step's fragments above this step's MMAs.
-            const u8* ap = sA + (r + g) * SA + ks * 32 + tig * 4;
-            a[i][0] = *reinterpret_cast<const u32*>(ap);
-            a[i][1] = *reinterpret_cast<const u32*>(ap + 8 * SA);
-            a[i][2] = *reinterpret_cast<const u32*>(ap + 16);
-            a[i][3] = *reinterpret_cast<const u32*>(ap + 8 * SA + 16);
-            da[i][0] = sSA[(r + g) * KB + ks];
-            da[i][1] = sSA[(r + g + 8) * KB + ks];
+            ldmatrix_x4(a_lane + i * 16 * SA + ks * 32, a[i][0], a[i][1], a[i][2], a[i][3]);
+            da[i][0] = sSA[i * 16 * KB + ks];
+            da[i][1] = sSA[(i * 16 + 8) * KB + ks];
         }
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            const int n = wn * WN + j * 8;
 #if WTYPE == Q8_0
-            const u8* bp = sB + (n + g) * SB + ks * 32 + tig * 4;
+            const u8* bp = sB + j * 8 * SB + ks * 32;
             const u32 b0 = *reinterpret_cast<const u32*>(bp);
             const u32 b1 = *reinterpret_cast<const u32*>(bp + 16);
 #else
-            const u32 v = *reinterpret_cast<const u32*>(sB + (n + g) * SB + ks * 16 + tig * 4);
+            const u32 v = *reinterpret_cast<const u32*>(sB + j * 8 * SB + ks * 16);
             const u32 b0 = q4_lo_s8(v);
             const u32 b1 = q4_hi_s8(v);
 #endif
-            const float dw0 = sSB[(n + 2 * tig) * KB + ks];
-            const float dw1 = sSB[(n + 2 * tig + 1) * KB + ks];
+            const float dw0 = sSB[j * 8 * KB + ks];
+            const float dw1 = sSB[(j * 8 + 1) * KB + ks];
 #pragma unroll
             for (int i = 0; i < MI; ++i) {
                 int c[4];
@@ -218,10 +275,11 @@ DEVI void compute_stage(const u8* st, float (&acc)[MI][NJ][4], int wm, int wn, i
 extern "C" __global__ void __launch_bounds__(THREADS)
 mmq(const u8* __restrict__ wq, const float* __restrict__ wd, const i8* __restrict__ xq,
     const float2* __restrict__ xds, float* __restrict__ y, int M, int N, int K) {
-    extern __shared__ __align__(16) u8 smem[];
+    extern __shared__ __align__(128) u8 smem[];
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane / 4, tig = lane % 4;
     float acc[MI][NJ][4];
 #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -229,32 +287,46 @@ mmq(const u8* __restrict__ wq, const float* __restrict__ wd, const i8* __restric
         for (int j = 0; j < NJ; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    const Loader L = make_loader(wq, wd, xq, xds, m0, n0, M, N, K);
+    const u8* base = wq;
+    const u32 s0 = smem_addr(smem);
+    // Per-lane fragment addresses inside a stage.
+    const u32 a_lane = s0 + (wm * WM + (lane & 15)) * SA + (lane >> 4) * 16;
+    const u8* b_lane = smem + A_BYTES + (wn * WN + g) * SB + tig * 4;
+    const float* sa_lane = reinterpret_cast<const float*>(smem + A_BYTES + B_BYTES) + (wm * WM + g) * KB;
+    const float* sb_lane =
+        reinterpret_cast<const float*>(smem + A_BYTES + B_BYTES + SCA_BYTES) + (wn * WN + 2 * tig) * KB;
     const int KT = (K + BK - 1) / BK;
 #if STAGES == 1
     for (int kt = 0; kt < KT; ++kt) {
         __syncthreads();
-        load_stage(smem, wq, wd, xq, xds, m0, n0, kt, M, N, K);
+        load_stage(L, s0, smem, base, kt, K);
         commit();
         wait_stages<0>();
         __syncthreads();
-        compute_stage(smem, acc, wm, wn, lane);
+        compute_stage(a_lane, b_lane, sa_lane, sb_lane, acc);
     }
 #else
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load_stage(smem + s * STAGE_BYTES, wq, wd, xq, xds, m0, n0, s, M, N, K);
+        if (s < KT) load_stage(L, s0 + s * STAGE_BYTES, smem + s * STAGE_BYTES, base, s, K);
         commit();
     }
+    int rs = 0, ws = STAGES - 1;
     for (int kt = 0; kt < KT; ++kt) {
         wait_stages<STAGES - 2>();
         __syncthreads();
         const int nk = kt + STAGES - 1;
-        if (nk < KT) load_stage(smem + (nk % STAGES) * STAGE_BYTES, wq, wd, xq, xds, m0, n0, nk, M, N, K);
+        if (nk < KT) load_stage(L, s0 + ws * STAGE_BYTES, smem + ws * STAGE_BYTES, base, nk, K);
         commit();
-        compute_stage(smem + (kt % STAGES) * STAGE_BYTES, acc, wm, wn, lane);
+        const u32 so = rs * STAGE_BYTES;
+        compute_stage(a_lane + so, b_lane + so,
+                      reinterpret_cast<const float*>(reinterpret_cast<const u8*>(sa_lane) + so),
+                      reinterpret_cast<const float*>(reinterpret_cast<const u8*>(sb_lane) + so), acc);
+        rs = rs == STAGES - 1 ? 0 : rs + 1;
+        ws = ws == STAGES - 1 ? 0 : ws + 1;
     }
 #endif
-    const int g = lane / 4, tig = lane % 4;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll

@@ -214,6 +214,7 @@ pub(crate) fn compile_source(
         arch,
         log,
     })?;
+    dump_if_asked(family, arch, &key, text, options, &cubin, &log);
     let functions = parse_ptxas_log(&log);
     let mut cv = CompiledVariant {
         cubin,
@@ -337,6 +338,36 @@ fn nvrtc_compile(text: &str, file: &str, options: &[String]) -> Result<(Vec<u8>,
     // SAFETY: `prog` is valid and not used after this.
     let _ = unsafe { nr::destroy_program(prog) };
     out
+}
+
+/// With `GEMTUNE_DUMP_DIR` set, every fresh compilation leaves its source,
+/// options, NVRTC log and cubin there (for inspecting a variant with
+/// cuobjdump/nvdisasm, or a compiler that behaves differently on another host).
+/// Failures to write are reported on stderr and otherwise ignored.
+fn dump_if_asked(
+    family: &str,
+    arch: Arch,
+    key: &str,
+    text: &str,
+    options: &[String],
+    cubin: &[u8],
+    log: &str,
+) {
+    let Some(dir) = std::env::var_os("GEMTUNE_DUMP_DIR") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let stem = format!("{family}-{arch}-{}", &key[..key.len().min(12)]);
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(format!("{stem}.cu")), text)?;
+        std::fs::write(dir.join(format!("{stem}.opts")), options.join("\n"))?;
+        std::fs::write(dir.join(format!("{stem}.log")), log)?;
+        std::fs::write(dir.join(format!("{stem}.cubin")), cubin)
+    };
+    if let Err(e) = write() {
+        eprintln!("warning: GEMTUNE_DUMP_DIR {}: {e}", dir.display());
+    }
 }
 
 /// Parses ptxas `-v` output into per-function resources.

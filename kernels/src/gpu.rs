@@ -398,11 +398,18 @@ pub struct Module {
 }
 
 impl Module {
+    /// The entry `name`: from the functions ptxas reported at compile time,
+    /// or, when the compiler's log did not list it, looked up in the loaded
+    /// image itself (the cubin, not the log, is the authority on what exists).
     pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, GpuError> {
-        self.functions
-            .get(name)
-            .copied()
-            .ok_or_else(|| GpuError::Other(format!("kernel {name} is not in the loaded module")))
+        if let Some(f) = self.functions.get(name) {
+            return Ok(*f);
+        }
+        let missing = || GpuError::Other(format!("kernel {name} is not in the loaded module"));
+        let cname = CString::new(name).map_err(|_| missing())?;
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `module` is loaded and not unloaded until `self` drops.
+        unsafe { result::module::get_function(self.module, cname) }.map_err(|_| missing())
     }
     pub fn function_names(&self) -> Vec<String> {
         self.functions.keys().cloned().collect()

@@ -71,8 +71,8 @@ fn gemm_geometry_smem_and_rejections() {
     let g = f.validate(&d, &p, &h100()).unwrap();
     assert_eq!(g.grid, (16, 80, 1));
     assert_eq!(g.block, (256, 1, 1));
-    // 3 stages x (128 rows x 160 B activations + 128 x 80 B quants + 128 x 2 scales x 4 B).
-    assert_eq!(g.dyn_smem, 3 * (128 * 160 + 128 * 80 + 128 * 2 * 4));
+    // 3 stages x (128 rows x 144 B activations + 128 x 80 B quants + 128 x 2 scales x 4 B).
+    assert_eq!(g.dyn_smem, 3 * (128 * 144 + 128 * 80 + 128 * 2 * 4));
     // Partial tiles are fine: ceil-divided grid.
     let g = f
         .validate(&d, &Problem::matmul(77, 200, 256, GgmlType::Q8_0), &h100())
@@ -87,7 +87,7 @@ fn gemm_geometry_smem_and_rejections() {
         .unwrap_err();
     assert_eq!(
         e,
-        "needs 129024 bytes of shared memory, the sm_89 limit is 101376"
+        "needs 122880 bytes of shared memory, the sm_89 limit is 101376"
     );
     let mut bad = d.clone();
     set(&mut bad, "BM", 80);

@@ -10,8 +10,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use gemtune_kernels::quant::{
-    dequantize_row, dequantize_to_vec, dot_row_f32, quantize_row, quantize_to_vec, GgmlType,
-    QuantError, QuantOp,
+    dequantize_row, dequantize_to_vec, dot_row_f32, dot_row_multi_f32, quantize_row,
+    quantize_to_vec, GgmlType, QuantError, QuantOp,
 };
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -816,4 +816,86 @@ fn capability_lists() {
         .filter(|t| t.can_quantize())
         .collect();
     assert_eq!(q, vec![F32, F16, Q4_0, Q8_0, Q8_1, Q6K, Bf16]);
+}
+
+// ---------------------------------------------------------------- many-token dot
+
+#[test]
+fn dot_multi_is_bitwise_dot_per_token_for_every_type() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let types = GgmlType::ALL.iter().copied().filter(|t| t.can_dequantize());
+    let mut seen = 0;
+    for ty in types {
+        for n in [256usize, 1024, 2816] {
+            if n % ty.block_size() != 0 {
+                continue;
+            }
+            let row = random_row(ty, n, &mut rng);
+            for t in [1usize, 2, 3, 5, 8, 13] {
+                let xs = gaussian(&mut rng, t * n, 1.0);
+                let mut got = vec![f32::NAN; t];
+                dot_row_multi_f32(ty, &row, &xs, n, &mut got).expect("multi dot");
+                for (i, g) in got.iter().enumerate() {
+                    let want = dot_row_f32(ty, &row, &xs[i * n..(i + 1) * n]).expect("dot");
+                    assert!(want.is_finite(), "{ty} n={n}: non-finite dot");
+                    assert_eq!(g.to_bits(), want.to_bits(), "{ty} n={n} t={t} token {i}");
+                }
+            }
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 12);
+    // Plain rows whose length leaves a tail of fewer than 16 lanes.
+    for n in [1usize, 17, 100, 130] {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
+            let row = quantize_to_vec(ty, &gaussian(&mut rng, n, 1.0)).expect("quantize");
+            let xs = gaussian(&mut rng, 5 * n, 1.0);
+            let mut got = [0f32; 5];
+            dot_row_multi_f32(ty, &row, &xs, n, &mut got).expect("multi dot");
+            for (i, g) in got.iter().enumerate() {
+                let want = dot_row_f32(ty, &row, &xs[i * n..(i + 1) * n]).expect("dot");
+                assert_eq!(g.to_bits(), want.to_bits(), "{ty} n={n} token {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_multi_rejects_bad_lengths() {
+    let row = vec![0u8; 2 * 18]; // two Q4_0 blocks: 64 elements
+    let mut out = [7f32; 3];
+    assert_eq!(
+        dot_row_multi_f32(GgmlType::Q4_0, &row, &[0.0; 191], 64, &mut out),
+        Err(QuantError::SizeMismatch {
+            ty: GgmlType::Q4_0,
+            what: "xs",
+            expected: 192,
+            actual: 191
+        })
+    );
+    assert_eq!(out, [7.0; 3], "nothing written on error");
+    assert_eq!(
+        dot_row_multi_f32(GgmlType::Q4_0, &row, &[0.0; 96], 32, &mut out),
+        Err(QuantError::SizeMismatch {
+            ty: GgmlType::Q4_0,
+            what: "x",
+            expected: 64,
+            actual: 32
+        })
+    );
+    assert_eq!(
+        dot_row_multi_f32(GgmlType::Q4_0, &row, &[0.0; 93], 31, &mut out),
+        Err(QuantError::PartialBlockElements {
+            ty: GgmlType::Q4_0,
+            elements: 31,
+            block_size: 32
+        })
+    );
+    assert!(matches!(
+        dot_row_multi_f32(GgmlType::Iq2Xxs, &[], &[], 0, &mut []),
+        Err(QuantError::Unsupported {
+            op: QuantOp::Dot,
+            ..
+        })
+    ));
 }

@@ -1,22 +1,31 @@
 //! Multi-threaded `out[t][o] = Σ_i W[o][i] · x[t][i]` against quantized rows.
 //!
-//! Every output element is one fused dequant-dot, `quant::dot_row_f32(row_o,
-//! x_t)`, whatever the number of tokens. That makes a token's result
-//! independent of the batch it is computed in: a prefill of T tokens and T
-//! single-token decodes produce bit-identical activations, so the CPU oracle
-//! has one answer per input, not one per batching. (Dequantizing a row once
-//! and reusing it across tokens would make prefill faster but rounds
-//! differently from the decode path.)
+//! Every output element is exactly `quant::dot_row_f32(row_o, x_t)`, whatever
+//! the number of tokens. That makes a token's result independent of the
+//! batch it is computed in: a prefill of T tokens and T single-token decodes
+//! produce bit-identical activations, so the CPU oracle has one answer per
+//! input, not one per batching. Several tokens go through
+//! `quant::dot_row_multi_f32`, which decodes each weight block once for a
+//! group of tokens but keeps every token's arithmetic identical to the
+//! single-token kernel (dequantizing a whole row to f32 and reusing it would
+//! be simpler but rounds differently from the decode path).
 //!
-//! Work is split over blocks of output rows (rayon); within a block the loop
-//! is token-outer, row-inner, so the block's rows stay in L1 while each
-//! token's activations are read once per block. Nothing is allocated.
+//! Work is split over blocks of output rows (rayon). Within a block the
+//! tokens are taken [`TOKEN_CHUNK`] at a time and every row of the block is
+//! run against the chunk, so the block's rows stay in L1/L2 while the chunk's
+//! activations are reused by every row. Nothing is allocated.
 
 use gemtune_kernels::quant::{self, GgmlType, QuantError};
 use rayon::prelude::*;
 
 /// Output rows per task.
 const ROW_BLOCK: usize = 8;
+
+/// Tokens per call of the many-token kernel, one kernel group: the chunk's
+/// activations stay in L2 while every row of the block reads them. Larger
+/// chunks measured slower (the kernel streams the whole chunk once per row),
+/// smaller ones decode each block more often.
+const TOKEN_CHUNK: usize = 8;
 
 /// A raw output pointer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
@@ -77,18 +86,32 @@ pub fn matmul(
             });
     }
 
+    if n_in == 0 {
+        // Empty rows: no chunks to walk; every output is the empty dot.
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = quant::dot_row_f32(ty, row(i % n_out), &[])?;
+        }
+        return Ok(());
+    }
+
     let ptr = OutPtr(out.as_mut_ptr());
     (0..n_out.div_ceil(ROW_BLOCK))
         .into_par_iter()
         .try_for_each(|b| {
             let r0 = b * ROW_BLOCK;
             let r1 = (r0 + ROW_BLOCK).min(n_out);
-            for (t, xt) in x.chunks_exact(n_in).enumerate() {
+            let mut res = [0f32; TOKEN_CHUNK];
+            for (c, xc) in x.chunks(TOKEN_CHUNK * n_in).enumerate() {
+                let t0 = c * TOKEN_CHUNK;
+                let res = &mut res[..xc.len() / n_in];
                 for r in r0..r1 {
-                    let v = quant::dot_row_f32(ty, row(r), xt)?;
-                    // SAFETY: `t < tokens` and `r < n_out`, so the index is
-                    // inside `out`; column `r` belongs to this task only.
-                    unsafe { ptr.write(t * n_out + r, v) };
+                    quant::dot_row_multi_f32(ty, row(r), xc, n_in, res)?;
+                    for (j, &v) in res.iter().enumerate() {
+                        // SAFETY: `t0 + j < tokens` and `r < n_out`, so the
+                        // index is inside `out`; column `r` belongs to this
+                        // task only.
+                        unsafe { ptr.write((t0 + j) * n_out + r, v) };
+                    }
                 }
             }
             Ok(())

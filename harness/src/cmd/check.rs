@@ -98,8 +98,9 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             gemtune_kernels::compile::default_cache_dir()
         },
         check_max_m: a.check_max_m,
+        stop: None,
     };
-    let outcome = checker::run_check(&jobs, gpu.as_ref(), &opts, |m| eprintln!("{m}"));
+    let outcome = checker::run_check(&jobs, gpu.as_ref(), &opts, progress_printer());
     let out = a
         .out
         .unwrap_or_else(|| PathBuf::from(format!("reports/check-{}", gemtune::util::timestamp())));
@@ -109,6 +110,31 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     write_csv(&csv, &outcome.rows)?;
     eprintln!("wrote {}", csv.display());
     Ok(verdict(&outcome))
+}
+
+/// Progress of a check on stderr: a spinner with the current cell, and the
+/// per-family summary lines printed above it.
+pub fn progress_printer() -> impl FnMut(&str) {
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(st) =
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed_precise} {pos} cells {msg}")
+    {
+        pb.set_style(st);
+    }
+    move |m: &str| match m.strip_prefix("check ") {
+        Some(cell) => {
+            pb.inc(1);
+            pb.set_message(cell.to_string());
+        }
+        None => {
+            if pb.is_hidden() {
+                eprintln!("{m}");
+            } else {
+                pb.println(m);
+            }
+        }
+    }
 }
 
 pub fn verdict(o: &CheckOutcome) -> Exit {

@@ -116,8 +116,14 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         compile_only: false,
         cache: gemtune_kernels::compile::default_cache_dir(),
         check_max_m: Some(a.check_max_m),
+        stop: Some(&STOP),
     };
-    let outcome = checker::run_check(&jobs, Some(&gpu), &opts, |m| eprintln!("{m}"));
+    let outcome = checker::run_check(
+        &jobs,
+        Some(&gpu),
+        &opts,
+        crate::cmd::check::progress_printer(),
+    );
     write_csv(&out.join("check.csv"), &outcome.rows)?;
     crate::cmd::check::print_table(
         &outcome
@@ -281,6 +287,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
                 static_smem: smem,
                 dyn_smem: ps.dyn_smem,
                 launches_per_sample: t.launches_per_sample,
+                blocks_per_sm: t.blocks_per_sm,
                 device: info.name.clone(),
                 cc: format!("{}.{}", info.cc.0, info.cc.1),
                 sm_count: info.sm_count,

@@ -91,8 +91,7 @@ impl Family for GemmDq {
         let wt = check_wtype(d, mp)?;
         is_bf16(d)?;
         let t = read_tiles(d, lim, 8)?;
-        let stage =
-            t.bm * pad16(2 * t.bk) + t.bn * pad16(bkw(wt, t.bk)) + 4 * t.bn * (t.bk / 32);
+        let stage = t.bm * pad16(2 * t.bk) + t.bn * pad16(bkw(wt, t.bk)) + 4 * t.bn * (t.bk / 32);
         geometry("gemm_dq", &t, mp, t.stages * stage, lim)
     }
     fn workload(

@@ -13,7 +13,7 @@ mod error;
 mod quantize;
 
 pub use dequant::{dequantize_row, dequantize_to_vec};
-pub use dot::dot_row_f32;
+pub use dot::{dot_row_f32, dot_row_multi_f32};
 pub use error::{QuantError, QuantOp};
 pub use quantize::{quantize_row, quantize_to_vec};
 
