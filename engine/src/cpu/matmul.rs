@@ -124,8 +124,15 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    fn check(ty: GgmlType, n_in: usize, n_out: usize, tokens: usize) {
-        let mut rng = ChaCha8Rng::seed_from_u64(7);
+    /// Uniform [-1, 1) weights quantized to `ty`, row by row; returns the
+    /// rows, the bytes per row and the generator for the caller's inputs.
+    fn random_weights(
+        ty: GgmlType,
+        n_in: usize,
+        n_out: usize,
+        seed: u64,
+    ) -> (Vec<u8>, usize, ChaCha8Rng) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let wf: Vec<f32> = (0..n_in * n_out)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
@@ -139,6 +146,11 @@ mod tests {
             )
             .unwrap();
         }
+        (wq, rb, rng)
+    }
+
+    fn check(ty: GgmlType, n_in: usize, n_out: usize, tokens: usize) {
+        let (wq, rb, mut rng) = random_weights(ty, n_in, n_out, 7);
         // The reference uses the dequantized weights, so only accumulation differs.
         let mut wd = vec![0.0f32; n_in * n_out];
         for r in 0..n_out {
@@ -166,20 +178,7 @@ mod tests {
 
     /// A token's outputs do not depend on the other tokens of the batch.
     fn batch_independent(ty: GgmlType, n_in: usize, n_out: usize) {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let wf: Vec<f32> = (0..n_in * n_out)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
-        let mut wq = vec![0u8; rb * n_out];
-        for r in 0..n_out {
-            quant::quantize_row(
-                ty,
-                &wf[r * n_in..(r + 1) * n_in],
-                &mut wq[r * rb..(r + 1) * rb],
-            )
-            .unwrap();
-        }
+        let (wq, _, mut rng) = random_weights(ty, n_in, n_out, 3);
         let x: Vec<f32> = (0..5 * n_in).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut all = vec![0.0f32; 5 * n_out];
         matmul(ty, &wq, n_in, n_out, &x, 5, &mut all).unwrap();
