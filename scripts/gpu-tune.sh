@@ -18,10 +18,19 @@ out_root=${1:?usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-mo
 phase=${2:-all}
 cd "$(dirname "$0")/.."
 
-# NVRTC from the pip wheel when present (CI and the dev box); a CUDA toolkit's
-# libnvrtc on the default search path works as well.
-if py_lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); then
-    export LD_LIBRARY_PATH="$py_lib:${LD_LIBRARY_PATH:-}"
+# NVRTC and cuBLAS from the pip wheels (nvidia-cuda-nvrtc, nvidia-cublas) when
+# present. Each wheel installs into nvidia/cu13/lib of its own site-packages,
+# which may differ (user and system installs), so every such directory goes on
+# LD_LIBRARY_PATH. A CUDA toolkit's libraries on the default search path work
+# as well.
+if py_libs=$(python3 -c 'import nvidia, os; print(":".join(d for d in (os.path.join(p, "cu13", "lib") for p in nvidia.__path__) if os.path.isdir(d)))' 2>/dev/null) \
+    && [[ -n "$py_libs" ]]; then
+    export LD_LIBRARY_PATH="$py_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# The vendor reference rows of `tune` (cuBLAS bf16 / int8 GEMM) need
+# libcublas.so.13; without it they are reported as unavailable, not run.
+if ! python3 -c 'import ctypes; ctypes.CDLL("libcublas.so.13")' 2>/dev/null; then
+    echo "gpu-tune: libcublas.so.13 not found (pip install nvidia-cublas): reference rows will say 'unavailable'" >&2
 fi
 
 bin=${GEMTUNE:-target/release/gemtune}

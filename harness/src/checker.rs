@@ -186,7 +186,14 @@ pub fn run_check(
         };
         let mut proxied: BTreeMap<(String, String), gemtune_kernels::check::CheckReport> =
             BTreeMap::new();
-        for c in &cells {
+        // Cells run shape by shape, so the inputs and CPU references that
+        // every variant of a shape shares are generated once (the kernels
+        // crate memoizes the most recent ones); rows are put back in
+        // variant-major order afterwards.
+        let (rows_start, passing_start) = (out.rows.len(), out.passing.len());
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| (cells[i].shape, i));
+        for c in order.iter().map(|&i| &cells[i]) {
             let p = &job.points[c.point];
             let s = &job.shapes[c.shape];
             let mut row = base_row(job, p, s, opts.arch, &c.defines);
@@ -260,14 +267,7 @@ pub fn run_check(
             };
             match result {
                 Ok(rep) => {
-                    row.rms_rel = Some(rep.rms_rel);
-                    row.max_rel = Some(rep.max_rel);
-                    row.max_abs = Some(rep.max_abs);
-                    row.outliers = Some(rep.outliers);
-                    row.replay_rms_rel = rep.replay_rms_rel;
-                    row.unwritten = Some(rep.unwritten);
-                    row.non_finite = Some(rep.non_finite);
-                    row.reason = format!("{check_note}{}", rep.detail);
+                    fill_report(&mut row, &rep, &check_note);
                     if rep.passed {
                         row.verdict = "pass".into();
                         out.passing.push(Passing {
@@ -292,8 +292,46 @@ pub fn run_check(
             }
             out.rows.push(row);
         }
+        let point_of: BTreeMap<&str, usize> = job
+            .points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.id.as_str(), i))
+            .collect();
+        let shape_of: BTreeMap<&str, usize> = job
+            .shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_str(), i))
+            .collect();
+        out.rows[rows_start..].sort_by_key(|r| {
+            (
+                point_of
+                    .get(r.variant.as_str())
+                    .copied()
+                    .unwrap_or(usize::MAX),
+                shape_of
+                    .get(r.shape.as_str())
+                    .copied()
+                    .unwrap_or(usize::MAX),
+            )
+        });
+        out.passing[passing_start..].sort_by_key(|p| (p.point, p.shape));
     }
     out
+}
+
+/// Copies a check's metrics into its row; the reason is `note` (e.g. the
+/// capped-proxy remark) followed by the report's detail.
+pub fn fill_report(row: &mut CheckRow, rep: &gemtune_kernels::check::CheckReport, note: &str) {
+    row.rms_rel = Some(rep.rms_rel);
+    row.max_rel = Some(rep.max_rel);
+    row.max_abs = Some(rep.max_abs);
+    row.outliers = Some(rep.outliers);
+    row.replay_rms_rel = rep.replay_rms_rel;
+    row.unwritten = Some(rep.unwritten);
+    row.non_finite = Some(rep.non_finite);
+    row.reason = format!("{note}{}", rep.detail);
 }
 
 fn first_lines(s: &str, n: usize) -> String {
@@ -322,14 +360,24 @@ fn compile_only_rows(
 ) {
     // (point, define set) -> (first accepted cell, count)
     let mut seen: BTreeMap<(usize, String), (usize, usize)> = BTreeMap::new();
+    // The kernels the accepted cells of a (point, define set) launch: one
+    // module can hold several entries (gemv has one per token count), and
+    // the row reports the worst of them, so a spill in any launched entry
+    // fails the gate exactly as it fails the GPU check of that cell.
+    let mut kernels: BTreeMap<(usize, String), std::collections::BTreeSet<String>> =
+        BTreeMap::new();
     let mut rejected: BTreeMap<(usize, String), Vec<usize>> = BTreeMap::new();
     for (ci, c) in cells.iter().enumerate() {
         match &c.outcome {
-            Ok(_) => {
+            Ok(g) => {
                 let e = seen
                     .entry((c.point, canonical(&c.defines)))
                     .or_insert((ci, 0));
                 e.1 += 1;
+                kernels
+                    .entry((c.point, canonical(&c.defines)))
+                    .or_default()
+                    .insert(g.kernel.clone());
             }
             Err(r) => rejected
                 .entry((c.point, r.clone()))
@@ -351,12 +399,18 @@ fn compile_only_rows(
         }
         match compiled.get(key) {
             Some(Ok(cv)) => {
-                let kernel = c
-                    .outcome
-                    .as_ref()
-                    .map(|g| g.kernel.clone())
-                    .unwrap_or_default();
-                fill_resources(&mut row, cv, &kernel);
+                let used = kernels.get(&(*pi, key.clone()));
+                let worst = used
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|k| cv.function(k))
+                    .max_by_key(|f| (f.spill_bytes, f.registers));
+                match worst {
+                    Some(f) => {
+                        fill_resources(&mut row, cv, &f.name.clone());
+                    }
+                    None => fill_resources(&mut row, cv, ""),
+                }
                 if job.spec.forbid_spills && row.spill_bytes.unwrap_or(0) > 0 {
                     row.verdict = "spills".into();
                     row.reason = format!(

@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod hash;
 pub mod plots;
+pub mod references;
 pub mod report;
 pub mod results;
 pub mod roofline;

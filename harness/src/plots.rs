@@ -39,6 +39,9 @@ pub struct Pt {
 pub struct Series {
     pub label: String,
     pub points: Vec<Pt>,
+    /// A vendor reference: drawn dashed in dark grey/black with cross
+    /// markers, apart from the variants' coloured solid lines.
+    pub reference: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +67,16 @@ fn color(i: usize) -> RGBColor {
         RGBColor(127, 127, 127),
         RGBColor(188, 189, 34),
         RGBColor(23, 190, 207),
+    ];
+    C[i % C.len()]
+}
+
+/// Colours of reference series (dark, unlike the variants' palette).
+fn ref_color(i: usize) -> RGBColor {
+    const C: [RGBColor; 3] = [
+        RGBColor(0, 0, 0),
+        RGBColor(105, 105, 105),
+        RGBColor(90, 40, 20),
     ];
     C[i % C.len()]
 }
@@ -143,26 +156,61 @@ pub fn line_panels(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
                             .map(|_| ()),
                     )?;
                 }
-                for (i, s) in p.series.iter().enumerate() {
-                    let c = color(i);
+                let (mut nv, mut nr) = (0usize, 0usize);
+                for s in &p.series {
+                    let c = if s.reference {
+                        nr += 1;
+                        ref_color(nr - 1)
+                    } else {
+                        nv += 1;
+                        color(nv - 1)
+                    };
                     let line: Vec<(f64, f64)> = s.points.iter().map(|q| (q.x, q.y)).collect();
-                    draw_err(
-                        chart
-                            .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
-                            .map(|a| {
-                                a.label(s.label.clone()).legend(move |(x, y)| {
-                                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
-                                });
-                            }),
-                    )?;
-                    draw_err(
-                        chart
-                            .draw_series(
-                                line.iter()
-                                    .map(|&(x, y)| Circle::new((x, y), 3, c.filled())),
-                            )
-                            .map(|_| ()),
-                    )?;
+                    if s.reference {
+                        draw_err(
+                            chart
+                                .draw_series(DashedLineSeries::new(
+                                    line.clone(),
+                                    8,
+                                    5,
+                                    c.stroke_width(2),
+                                ))
+                                .map(|a| {
+                                    a.label(s.label.clone()).legend(move |(x, y)| {
+                                        Cross::new((x + 9, y), 5, c.stroke_width(2))
+                                    });
+                                }),
+                        )?;
+                        draw_err(
+                            chart
+                                .draw_series(
+                                    line.iter()
+                                        .map(|&(x, y)| Cross::new((x, y), 6, c.stroke_width(2))),
+                                )
+                                .map(|_| ()),
+                        )?;
+                    } else {
+                        draw_err(
+                            chart
+                                .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
+                                .map(|a| {
+                                    a.label(s.label.clone()).legend(move |(x, y)| {
+                                        PathElement::new(
+                                            vec![(x, y), (x + 18, y)],
+                                            c.stroke_width(3),
+                                        )
+                                    });
+                                }),
+                        )?;
+                        draw_err(
+                            chart
+                                .draw_series(
+                                    line.iter()
+                                        .map(|&(x, y)| Circle::new((x, y), 3, c.filled())),
+                                )
+                                .map(|_| ()),
+                        )?;
+                    }
                     draw_err(
                         chart
                             .draw_series(s.points.iter().map(|q| {

@@ -8,7 +8,25 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Bumped whenever a column is added, removed or changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: `kind`, `verdict`, `reason` (vendor reference rows, rows that could
+/// not be timed) and the sampled-clock columns.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// `kind` of a row measuring one of our kernel variants.
+pub const KIND_VARIANT: &str = "variant";
+/// `kind` of a row measuring a vendor library (`family` names the library,
+/// `variant` the reference, e.g. cublas / cublas-bf16).
+pub const KIND_REFERENCE: &str = "reference";
+/// `verdict` of a row that holds a measurement.
+pub const VERDICT_TIMED: &str = "timed";
+
+fn default_kind() -> String {
+    KIND_VARIANT.to_string()
+}
+
+fn default_verdict() -> String {
+    VERDICT_TIMED.to_string()
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckRow {
@@ -42,9 +60,14 @@ pub struct CheckRow {
     pub nvrtc_version: String,
 }
 
+/// One row of `results.csv`. Columns added after schema 1 default when
+/// missing, so schema-1 files still read (as variant rows, all timed).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuneRow {
     pub schema_version: u32,
+    /// variant | reference
+    #[serde(default = "default_kind")]
+    pub kind: String,
     pub family: String,
     pub variant: String,
     pub hash: String,
@@ -60,6 +83,12 @@ pub struct TuneRow {
     pub regime: String,
     /// What the regime did, e.g. "dram: 6 weight copies, 157286400 B rotated (>= 2x L2)".
     pub regime_label: String,
+    /// timed | unavailable | unsupported | fail | error | skipped: a row that is not
+    /// `timed` holds no measurement (NaN statistics) and says why in `reason`.
+    #[serde(default = "default_verdict")]
+    pub verdict: String,
+    #[serde(default)]
+    pub reason: String,
     pub weight_copies: usize,
     pub rotated_bytes: u64,
     pub samples: usize,
@@ -102,8 +131,44 @@ pub struct TuneRow {
     pub spec_sha256: String,
     pub source_sha256: String,
     pub timing_note: String,
+    /// SM and memory clocks sampled through NVML during the measured samples
+    /// (empty when NVML could not be loaded), MHz.
+    #[serde(default)]
+    pub sm_clock_min_mhz: Option<u32>,
+    #[serde(default)]
+    pub sm_clock_max_mhz: Option<u32>,
+    #[serde(default)]
+    pub sm_clock_mean_mhz: Option<f64>,
+    #[serde(default)]
+    pub mem_clock_min_mhz: Option<u32>,
+    #[serde(default)]
+    pub mem_clock_max_mhz: Option<u32>,
+    #[serde(default)]
+    pub temp_max_c: Option<u32>,
+    #[serde(default)]
+    pub power_max_w: Option<f64>,
+    /// NVML samples the clock columns are reduced from.
+    #[serde(default)]
+    pub clock_samples: usize,
+    /// NVML clock-event reasons seen during the samples ("sw_power_cap+...").
+    #[serde(default)]
+    pub clock_reasons: String,
+    /// Set when the row's lowest SM clock fell more than 5% below the
+    /// highest SM clock of the run (written with the final results.csv).
+    #[serde(default)]
+    pub clock_note: String,
     /// Raw per-sample times, us, separated by ';'.
     pub samples_us: String,
+}
+
+impl TuneRow {
+    pub fn is_reference(&self) -> bool {
+        self.kind == KIND_REFERENCE
+    }
+    /// Holds a measurement (statistics are numbers).
+    pub fn is_timed(&self) -> bool {
+        self.verdict == VERDICT_TIMED && self.median_us.is_finite()
+    }
 }
 
 pub fn join_samples(s: &[f64]) -> String {

@@ -20,6 +20,11 @@ pub enum Instr {
     Dp4a,
     /// FP32 FMA on CUDA cores.
     Ffma,
+    /// Whatever bf16 tensor-core path a vendor library picks (wgmma on
+    /// Hopper): bounded by the datasheet's dense rate, not a register loop.
+    TensorBf16,
+    /// The same for int8 tensor-core GEMM.
+    TensorS8,
     /// No arithmetic roof (a format conversion: bandwidth only).
     None,
 }
@@ -31,6 +36,8 @@ impl Instr {
             Instr::MmaF16 => "mma.f16",
             Instr::Dp4a => "dp4a",
             Instr::Ffma => "ffma",
+            Instr::TensorBf16 => "tc.bf16",
+            Instr::TensorS8 => "tc.s8",
             Instr::None => "none",
         }
     }
@@ -45,6 +52,10 @@ pub struct DevicePeaks {
     pub mma_f16: f64,
     pub dp4a: f64,
     pub ffma: f64,
+    /// Datasheet dense tensor-core rates (the roof of vendor reference rows,
+    /// whose kernels may use instructions faster than `mma.sync`).
+    pub dense_bf16: f64,
+    pub dense_s8: f64,
     /// Where the numbers come from.
     pub source: &'static str,
 }
@@ -58,7 +69,9 @@ pub const PEAKS: &[DevicePeaks] = &[DevicePeaks {
     mma_f16: 651e12,
     dp4a: 94e12,
     ffma: 67e12,
-    source: "kernel-anchors §0, H100 80GB HBM3 register-only mma.sync/dp4a loops; ffma datasheet",
+    dense_bf16: 989e12,
+    dense_s8: 1979e12,
+    source: "kernel-anchors §0, H100 80GB HBM3 register-only mma.sync/dp4a loops; ffma and dense tensor rates (reference rows) from the SXM5 datasheet",
 }];
 
 pub fn peaks_for(device_name: &str, cc: (u32, u32)) -> Option<&'static DevicePeaks> {
@@ -74,6 +87,8 @@ impl DevicePeaks {
             Instr::MmaF16 => Some(self.mma_f16),
             Instr::Dp4a => Some(self.dp4a),
             Instr::Ffma => Some(self.ffma),
+            Instr::TensorBf16 => Some(self.dense_bf16),
+            Instr::TensorS8 => Some(self.dense_s8),
             Instr::None => None,
         }
     }
@@ -88,6 +103,9 @@ pub fn instr_of(family: &str, d: &Defines) -> Instr {
     match family {
         "mmq" => Instr::MmaS8,
         "gemm_dq" => Instr::MmaF16,
+        // wgmma has no register-loop figure in the table: the dense
+        // tensor-core rate (f16 = bf16) is its roof.
+        "gemm_wgmma" => Instr::TensorBf16,
         "gemv" => {
             if int("ALGO") == Some(1) {
                 Instr::Dp4a
@@ -96,6 +114,18 @@ pub fn instr_of(family: &str, d: &Defines) -> Instr {
             }
         }
         _ => Instr::None,
+    }
+}
+
+/// The instruction class of a vendor reference row (`variant` column of a
+/// reference row, e.g. "cublas-bf16").
+pub fn instr_of_reference(name: &str) -> Instr {
+    if name.ends_with("-int8") {
+        Instr::TensorS8
+    } else if name.ends_with("-bf16") {
+        Instr::TensorBf16
+    } else {
+        Instr::None
     }
 }
 
@@ -199,6 +229,11 @@ mod tests {
     fn h100_is_in_the_table() {
         let p = peaks_for("NVIDIA H100 80GB HBM3", (9, 0)).expect("H100 peaks");
         assert_eq!(p.rate(Instr::MmaS8), Some(1297e12));
+        assert_eq!(
+            p.rate(instr_of_reference("cublas-bf16")),
+            Some(p.dense_bf16)
+        );
+        assert_eq!(p.rate(instr_of_reference("cublas-int8")), Some(p.dense_s8));
         assert!(peaks_for("NVIDIA A100", (8, 0)).is_none());
     }
 }

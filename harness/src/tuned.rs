@@ -88,10 +88,11 @@ fn parse_defines(canon: &str) -> BTreeMap<String, TunedDefine> {
         .collect()
 }
 
-/// Winners per (family, shape, regime) from timing rows.
+/// Winners per (family, shape, regime) from timing rows. Vendor reference
+/// rows and rows without a measurement are never candidates.
 pub fn select_winners(rows: &[TuneRow], run: &str) -> Vec<TunedEntry> {
     let mut groups: BTreeMap<(String, String, String), Vec<&TuneRow>> = BTreeMap::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| !r.is_reference() && r.is_timed()) {
         groups
             .entry((r.family.clone(), r.shape.clone(), r.regime.clone()))
             .or_default()

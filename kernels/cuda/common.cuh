@@ -146,6 +146,28 @@ DEVI u32 prmt(u32 a, u32 b, u32 sel) {
     return r;
 }
 
+// ---- weight dequantization into MMA operand words --------------------------
+// 4 unsigned bytes u = q + bias (q the signed quant) -> the 4 values q * d,
+// packed as two f16x2 / bf16x2 words (bytes 0,1 -> lo; bytes 2,3 -> hi).
+// f16: (0x6400 | u) is 1024 + u exactly; subtracting 1024 + bias (bias_h2,
+// both halves) leaves q exactly, and one packed multiply rounds q*d once.
+// bf16: (0x4B000000 | u) as f32 is 2^23 + u; subtracting 2^23 + bias
+// (bias_f) is exact, q*d is exact in f32 (8 x 11 significant bits), and
+// cvt.rn rounds it once.
+DEVI void dq4_f16(u32 u, float d, u32 bias_h2, u32& lo, u32& hi) {
+    const u32 d2 = pack_f16x2(d, d);
+    lo = hmul2(hsub2(prmt(u, 0x64646464u, 0x4140u), bias_h2), d2);
+    hi = hmul2(hsub2(prmt(u, 0x64646464u, 0x4342u), bias_h2), d2);
+}
+DEVI void dq4_bf16(u32 u, float d, float bias_f, u32& lo, u32& hi) {
+    const float f0 = __int_as_float(prmt(u, 0x4B000000u, 0x7540u)) - bias_f;
+    const float f1 = __int_as_float(prmt(u, 0x4B000000u, 0x7541u)) - bias_f;
+    const float f2 = __int_as_float(prmt(u, 0x4B000000u, 0x7542u)) - bias_f;
+    const float f3 = __int_as_float(prmt(u, 0x4B000000u, 0x7543u)) - bias_f;
+    lo = pack_bf16x2(f0 * d, f1 * d);
+    hi = pack_bf16x2(f2 * d, f3 * d);
+}
+
 // Row stride (bytes) for a shared-memory tile whose rows hold `b` bytes
 // (a multiple of 16): an odd number of 16-byte units, so the 8 row addresses
 // of one ldmatrix phase (or 8 rows of 4-byte reads) fall in distinct banks.

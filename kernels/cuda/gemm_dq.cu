@@ -75,12 +75,7 @@
 #endif
 
 #include "common.cuh"
-
-#define F16 1
-#define BF16 2
-#if DQ_TYPE != F16 && DQ_TYPE != BF16
-#error "DQ_TYPE must be F16 or BF16"
-#endif
+#include "dq_convert.cuh"
 
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WM (BM / WARPS_M)
@@ -245,23 +240,14 @@ DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, i
     }
 }
 
-// 4 unsigned bytes (value + bias) -> 4 dequantized values packed as 2 words.
-// f16: (0x6400 | u) is 1024 + u exactly; subtracting 1024 + bias leaves the
-// signed quant exactly, and one packed multiply rounds q*d once.
-// bf16: (0x4B000000 | u) as f32 is 2^23 + u; subtracting 2^23 + bias is exact,
-// q*d is exact in f32 (8 x 11 significant bits), cvt.rn rounds it once.
+// Dequantizes 4 biased bytes into the two MMA operand words (common.cuh).
 DEVI void dq4(u32 u, float d, u32 bias_h2, float bias_f, u32& lo, u32& hi) {
 #if DQ_TYPE == F16
-    const u32 d2 = pack_f16x2(d, d);
-    lo = hmul2(hsub2(prmt(u, 0x64646464u, 0x4140u), bias_h2), d2);
-    hi = hmul2(hsub2(prmt(u, 0x64646464u, 0x4342u), bias_h2), d2);
+    (void)bias_f;
+    dq4_f16(u, d, bias_h2, lo, hi);
 #else
-    const float f0 = __int_as_float(prmt(u, 0x4B000000u, 0x7540u)) - bias_f;
-    const float f1 = __int_as_float(prmt(u, 0x4B000000u, 0x7541u)) - bias_f;
-    const float f2 = __int_as_float(prmt(u, 0x4B000000u, 0x7542u)) - bias_f;
-    const float f3 = __int_as_float(prmt(u, 0x4B000000u, 0x7543u)) - bias_f;
-    lo = pack_bf16x2(f0 * d, f1 * d);
-    hi = pack_bf16x2(f2 * d, f3 * d);
+    (void)bias_h2;
+    dq4_bf16(u, d, bias_f, lo, hi);
 #endif
 }
 
@@ -373,21 +359,4 @@ gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __re
                     if (col + 1 < N) y[(u64)row * N + col + 1] = acc[i][j][2 * h + 1];
                 }
             }
-}
-
-// Pre-pass: x f32 -> DQ_TYPE, two values (one actual pair) per thread, stored
-// at the permuted pair position inside its group of 16 k (see the header):
-// actual pair q of a group goes to stored pair (q >> 1) + 4 * (q & 1).
-// n_pairs = m*k/2 with k a multiple of 16, so groups never straddle rows.
-extern "C" __global__ void __launch_bounds__(256) gemm_dq_convert(const float* __restrict__ x, u32* __restrict__ xh, u64 n_pairs) {
-    const u64 i = (u64)blockIdx.x * 256 + threadIdx.x;
-    if (i >= n_pairs) return;
-    const float2 v = reinterpret_cast<const float2*>(x)[i];
-    const u32 q = (u32)i & 7u;
-    const u64 o = (i & ~(u64)7) | ((q >> 1) + 4 * (q & 1));
-#if DQ_TYPE == F16
-    xh[o] = pack_f16x2(v.x, v.y);
-#else
-    xh[o] = pack_bf16x2(v.x, v.y);
-#endif
 }

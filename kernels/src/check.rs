@@ -211,6 +211,25 @@ pub fn check_variant(
             first.len()
         );
     }
+    // A kernel that adds into zeroed outputs would turn an output it never
+    // writes into a plausible zero; run it once on the poison itself (an
+    // addition onto the poison NaN leaves a different NaN) and count the
+    // words that still hold the poison pattern.
+    if wl.accumulates() {
+        wl.poison(gpu)?;
+        wl.launch_kernel_only(gpu, &module, 0)?;
+        gpu.synchronize()?;
+        let raw = wl.raw_output(gpu)?;
+        let untouched = raw.iter().filter(|&&w| w == POISON_BITS).count();
+        if untouched > 0 {
+            rep.passed = false;
+            rep.unwritten = rep.unwritten.max(untouched);
+            rep.detail = format!(
+                "{}; {untouched} outputs never written by the kernel (seen without the zero fill)",
+                rep.detail
+            );
+        }
+    }
     Ok(rep)
 }
 

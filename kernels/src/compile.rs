@@ -1,9 +1,14 @@
 //! NVRTC compilation of (family, defines, arch) to a cubin, with an on-disk
-//! cache and per-function resource usage read from the ptxas log.
+//! cache and per-function resource usage.
 //!
 //! Resources come from `--ptxas-options=-v` so they are known without a GPU
 //! (compile-only CI); `Gpu::load` cross-checks them with `cuFuncGetAttribute`.
+//! The cubin itself (`crate::cubin`) is the authority on which kernels exist:
+//! when the log does not describe every one of them, the compile is retried
+//! once, and if the log is still incomplete the counts are read from the
+//! cubin instead (see [`ResourceSource`]).
 
+use crate::cubin::{Cubin, CubinError};
 use crate::defines::{canonical, to_options, Defines};
 use crate::family::Family;
 use crate::source;
@@ -51,7 +56,7 @@ impl FromStr for Arch {
     }
 }
 
-/// Resources of one kernel function of a compiled module (from ptxas).
+/// Resources of one kernel function of a compiled module.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionResources {
     pub name: String,
@@ -63,7 +68,31 @@ pub struct FunctionResources {
     pub static_smem: u32,
 }
 
-/// A compiled variant: the cubin plus what ptxas reported about it. The
+/// Where a compiled variant's resource counts came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResourceSource {
+    /// The ptxas `-v` log, which listed every kernel of the cubin.
+    #[default]
+    PtxasLog,
+    /// The cubin's attributes, because the log stayed incomplete after a
+    /// retry. Registers, stack frame and static shared memory are exact;
+    /// spill bytes are not recorded in a cubin and hold its local-memory
+    /// bound instead (`cubin::KernelInfo::local_bound`: zero only when no
+    /// spill is possible).
+    Cubin,
+}
+
+impl fmt::Display for ResourceSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ResourceSource::PtxasLog => "ptxas log",
+            ResourceSource::Cubin => "cubin",
+        })
+    }
+}
+
+/// A compiled variant: the cubin plus its per-function resources. The
 /// scalar resource fields are the maximum over the module's functions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompiledVariant {
@@ -82,6 +111,14 @@ pub struct CompiledVariant {
     pub from_cache: bool,
     /// Set when writing the cache entry failed (the compile still succeeded).
     pub cache_warning: Option<String>,
+    /// Where `functions` (and the maxima above) came from.
+    #[serde(default)]
+    pub resources_source: ResourceSource,
+    /// Set when the first ptxas log did not describe every kernel of the
+    /// cubin (what was missing, and what the retry gave), or when the cubin's
+    /// attributes could not be read. Also printed on stderr at compile time.
+    #[serde(default)]
+    pub resources_note: Option<String>,
 }
 
 impl CompiledVariant {
@@ -110,6 +147,15 @@ pub enum CompileError {
     },
     #[error("NVRTC is not available: {0}")]
     NoNvrtc(String),
+    /// The compile succeeded but neither the ptxas log nor the cubin gave
+    /// the kernels' resources.
+    #[error("{family} [{defines}] {arch}: no resource counts: {reason}")]
+    Resources {
+        family: String,
+        defines: String,
+        arch: Arch,
+        reason: String,
+    },
 }
 
 /// `$GEMTUNE_CACHE`, else `~/.cache/gemtune/cubin`; `None` if neither can be
@@ -185,7 +231,17 @@ pub fn compile(
     }
     let text = source::resolve(f.source_file()).map_err(invalid)?;
     let mut options: Vec<String> = BASE_OPTIONS.iter().map(|s| s.to_string()).collect();
-    options.push(format!("--gpu-architecture={arch}"));
+    let target = match f.arch_specific() {
+        None => arch.to_string(),
+        Some(a) if a == arch => format!("{arch}a"),
+        Some(a) => {
+            return Err(invalid(format!(
+                "{} uses {a}a-specific instructions and cannot be compiled for {arch}",
+                f.source_file()
+            )))
+        }
+    };
+    options.push(format!("--gpu-architecture={target}"));
     options.extend(to_options(d).map_err(invalid)?);
     compile_source(f.name(), f.source_file(), &text, d, &options, arch, cache)
 }
@@ -208,14 +264,42 @@ pub(crate) fn compile_source(
             return Ok(cv);
         }
     }
-    let (cubin, log) = nvrtc_compile(text, file, options).map_err(|log| CompileError::Nvrtc {
+    let nvrtc_err = |log| CompileError::Nvrtc {
         family: family.to_string(),
         defines: canonical(d),
         arch,
         log,
-    })?;
+    };
+    let (cubin, log) = nvrtc_compile(text, file, options).map_err(nvrtc_err)?;
+    // The retry compiles a copy made unique by an empty probe kernel: NVRTC
+    // serves a program it has compiled before from the CUDA compute cache
+    // (~/.nv/ComputeCache) without running ptxas, and then `-v` prints
+    // nothing. The probe changes the PTX, so ptxas runs and reports every
+    // kernel; the kernels' code is unchanged, so the first cubin is kept and
+    // only the log is taken from the copy.
+    let first_cubin = cubin.clone();
+    let run = || {
+        let (probe_text, probe) = with_log_probe(text);
+        nvrtc_compile(&probe_text, file, options)
+            .map(|(_, log)| (first_cubin, without_function(&log, &probe)))
+            .map_err(nvrtc_err)
+    };
     dump_if_asked(family, arch, &key, text, options, &cubin, &log);
-    let functions = parse_ptxas_log(&log);
+    let Settled {
+        cubin,
+        log,
+        functions,
+        source,
+        note,
+    } = settle_resources(cubin, log, run, |reason| CompileError::Resources {
+        family: family.to_string(),
+        defines: canonical(d),
+        arch,
+        reason,
+    })?;
+    if let Some(n) = &note {
+        eprintln!("warning: {family} [{}] {arch}: {n}", canonical(d));
+    }
     let mut cv = CompiledVariant {
         cubin,
         family: family.to_string(),
@@ -230,6 +314,8 @@ pub(crate) fn compile_source(
         log,
         from_cache: false,
         cache_warning: None,
+        resources_source: source,
+        resources_note: note,
     };
     if let Some(dir) = cache {
         if let Err(e) = write_cache(dir, &key, &cv) {
@@ -244,6 +330,107 @@ pub(crate) fn compile_source(
     Ok(cv)
 }
 
+/// A compile's final cubin and log with the resources taken from them.
+struct Settled {
+    cubin: Vec<u8>,
+    log: String,
+    functions: Vec<FunctionResources>,
+    source: ResourceSource,
+    note: Option<String>,
+}
+
+/// Picks the resource source for a successful compile: the ptxas log when it
+/// describes every kernel of the cubin; otherwise one more compile (`retry`),
+/// and if that log is incomplete too, the cubin's attributes. `unresolved`
+/// builds the error for the case where neither source can be used.
+fn settle_resources<E>(
+    cubin: Vec<u8>,
+    log: String,
+    retry: impl FnOnce() -> Result<(Vec<u8>, String), E>,
+    unresolved: impl FnOnce(String) -> E,
+) -> Result<Settled, E> {
+    let parsed = Cubin::parse(&cubin);
+    let functions = parse_ptxas_log(&log);
+    let Some(first) = log_gap(&log, &functions, &parsed) else {
+        let note = parsed.err().map(|e| {
+            format!("the cubin's attributes are unreadable ({e}); resources from the ptxas log")
+        });
+        return Ok(Settled {
+            cubin,
+            log,
+            functions,
+            source: ResourceSource::PtxasLog,
+            note,
+        });
+    };
+    // The log misses a kernel the cubin holds: compile once more (the caller's
+    // retry makes the program unique, so ptxas runs and reports), and fall
+    // back to the cubin's attributes only if that log is incomplete too. The
+    // note records which path was taken.
+    let (cubin, log) = retry()?;
+    let parsed = Cubin::parse(&cubin);
+    let functions = parse_ptxas_log(&log);
+    let (functions, source, note) = match (log_gap(&log, &functions, &parsed), parsed) {
+        (None, _) => (
+            functions,
+            ResourceSource::PtxasLog,
+            format!("{first} on the first compile; the retry's log was complete"),
+        ),
+        (Some(second), Ok(c)) => (
+            c.resources(),
+            ResourceSource::Cubin,
+            format!(
+                "{first} on the first compile and {second} on the retry; resources read from \
+                 the cubin (spill bytes = its local-memory bound, spills not being recorded there)"
+            ),
+        ),
+        (Some(second), Err(e)) => {
+            return Err(unresolved(format!(
+                "{first} on the first compile, {second} on the retry, and the cubin's \
+                 attributes are unreadable: {e}"
+            )))
+        }
+    };
+    Ok(Settled {
+        cubin,
+        log,
+        functions,
+        source,
+        note: Some(note),
+    })
+}
+
+/// What the ptxas log fails to describe, if anything: kernels the cubin holds
+/// that the log does not list or, when the cubin cannot be read, the absence
+/// of any function in the log.
+fn log_gap(
+    log: &str,
+    functions: &[FunctionResources],
+    cubin: &Result<Cubin, CubinError>,
+) -> Option<String> {
+    let missing: Vec<&str> = match cubin {
+        Ok(c) => c
+            .kernels
+            .iter()
+            .filter(|k| !functions.iter().any(|f| f.name == k.name))
+            .map(|k| k.name.as_str())
+            .collect(),
+        Err(_) if functions.is_empty() => vec!["any function"],
+        Err(_) => Vec::new(),
+    };
+    if missing.is_empty() {
+        None
+    } else if log.trim().is_empty() {
+        Some("the ptxas log was empty".into())
+    } else {
+        Some(format!(
+            "the ptxas log ({} bytes) did not list {}",
+            log.len(),
+            missing.join(", ")
+        ))
+    }
+}
+
 /// sha256 over everything that can change the produced cubin.
 pub fn cache_key(
     text: &str,
@@ -253,7 +440,10 @@ pub fn cache_key(
     version: (i32, i32),
 ) -> String {
     let mut h = Sha256::new();
-    h.update(b"gemtune-cubin-v1\0");
+    // The tag versions the cache entry's layout (the JSON of CompiledVariant
+    // and how its resources were obtained): entries written under another
+    // tag are never read.
+    h.update(b"gemtune-cubin-v2\0");
     h.update(text.as_bytes());
     h.update(b"\0");
     h.update(canonical(d).as_bytes());
@@ -296,6 +486,50 @@ fn cstring_lossy(bytes: Vec<c_char>) -> String {
         .take_while(|&c| c != 0)
         .collect();
     String::from_utf8_lossy(&b).into_owned()
+}
+
+/// Name prefix of the empty kernel `with_log_probe` appends.
+pub(crate) const LOG_PROBE_PREFIX: &str = "gemtune_log_probe_";
+
+/// `text` plus an empty kernel whose name is unique in this process (and
+/// across processes by the pid), so NVRTC cannot answer the compile from the
+/// CUDA compute cache and ptxas prints its `-v` report. Returns the text and
+/// the probe kernel's name.
+pub(crate) fn with_log_probe(text: &str) -> (String, String) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "{LOG_PROBE_PREFIX}{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    (
+        format!("{text}\nextern \"C\" __global__ void {name}() {{}}\n"),
+        name,
+    )
+}
+
+/// `log` without the ptxas report of function `name` (from its "Compiling
+/// entry function" line up to the next function's), so a log taken from the
+/// probe compile describes exactly the kernels of the kept cubin.
+fn without_function(log: &str, name: &str) -> String {
+    let entry = format!("Compiling entry function '{name}'");
+    let props = format!("Function properties for {name}");
+    let mut out = String::with_capacity(log.len());
+    let mut skipping = false;
+    for line in log.lines() {
+        // A report group starts at either header line; only the probe's own
+        // groups are dropped (the probe is empty and calls nothing, so no
+        // callee group can follow it).
+        if line.contains("Compiling entry function") || line.contains("Function properties for ") {
+            skipping = line.contains(&entry) || line.trim_end().ends_with(&props);
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Runs NVRTC; Ok((cubin, log)) or Err(log).
@@ -374,14 +608,23 @@ fn dump_if_asked(
 ///
 /// Lines of interest (one group per function):
 /// `ptxas info    : Compiling entry function 'gemv_n1' for 'sm_90'`,
+/// `ptxas info    : Function properties for gemv_n1`,
 /// `    24 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads`,
 /// `ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem, 380 bytes cmem[0]`.
+///
+/// A device function that was not inlined gets its own "Function
+/// properties" group after an entry's. Its stack frame is not the entry's
+/// (the cubin's FRAME_SIZE of the entry does not include it either), but its
+/// spill stores count toward the entry listed before it: the log does not say
+/// which kernel calls it, and a spill must not go unreported.
 pub fn parse_ptxas_log(log: &str) -> Vec<FunctionResources> {
     let mut out: Vec<FunctionResources> = Vec::new();
     let num_before = |s: &str, unit: &str| -> Option<u32> {
         let i = s.find(unit)?;
         s[..i].split_whitespace().last()?.parse().ok()
     };
+    // Whether the next "stack frame" line describes the current entry itself.
+    let mut props_of_entry = true;
     for line in log.lines() {
         if let Some(i) = line.find("Compiling entry function '") {
             let rest = &line[i + "Compiling entry function '".len()..];
@@ -390,12 +633,21 @@ pub fn parse_ptxas_log(log: &str) -> Vec<FunctionResources> {
                 name,
                 ..Default::default()
             });
+            props_of_entry = true;
+            continue;
+        }
+        if let Some(i) = line.find("Function properties for ") {
+            let name = line[i + "Function properties for ".len()..].trim();
+            props_of_entry = out.last().is_some_and(|f| f.name == name);
             continue;
         }
         let Some(cur) = out.last_mut() else { continue };
         if line.contains("bytes stack frame") {
-            cur.stack_bytes = num_before(line, "bytes stack frame").unwrap_or(0);
-            cur.spill_bytes = num_before(line, "bytes spill stores").unwrap_or(0);
+            let spill = num_before(line, "bytes spill stores").unwrap_or(0);
+            cur.spill_bytes = cur.spill_bytes.max(spill);
+            if props_of_entry {
+                cur.stack_bytes = num_before(line, "bytes stack frame").unwrap_or(0);
+            }
         } else if line.contains("Used ") && line.contains("registers") {
             cur.registers = num_before(line, "registers").unwrap_or(0);
             cur.static_smem = num_before(line, "bytes smem").unwrap_or(0);
@@ -426,7 +678,9 @@ ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem, 380 bytes c
 ptxas info    : Compiling entry function 'gemv_n2' for 'sm_90'\n\
 ptxas info    : Function properties for gemv_n2\n\
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
-ptxas info    : Used 64 registers, used 0 barriers, 380 bytes cmem[0]\n";
+ptxas info    : Used 64 registers, used 0 barriers, 380 bytes cmem[0]\n\
+ptxas info    : Function properties for _Z3recPKii\n\
+    136 bytes stack frame, 20 bytes spill stores, 20 bytes spill loads\n";
         let f = parse_ptxas_log(log);
         assert_eq!(f.len(), 2);
         assert_eq!(
@@ -441,6 +695,9 @@ ptxas info    : Used 64 registers, used 0 barriers, 380 bytes cmem[0]\n";
         );
         assert_eq!(f[1].registers, 64);
         assert_eq!(f[1].static_smem, 0);
+        // The callee's frame is its own; its spills are charged to gemv_n2.
+        assert_eq!(f[1].stack_bytes, 0);
+        assert_eq!(f[1].spill_bytes, 20);
     }
 
     #[test]
@@ -462,5 +719,178 @@ ptxas info    : Used 64 registers, used 0 barriers, 380 bytes cmem[0]\n";
         assert_ne!(k, cache_key("src", &d, &o, Arch(89), (13, 0)));
         assert_ne!(k, cache_key("src", &d, &o, Arch(90), (13, 1)));
         assert_eq!(k.len(), 64);
+    }
+
+    /// Two kernels, one with static shared memory.
+    const TWO: &str = r#"
+extern "C" __global__ void k_a(float* o) { o[threadIdx.x] = 1.0f; }
+extern "C" __global__ void k_b(float* o) {
+    __shared__ float s[64];
+    s[threadIdx.x % 64] = threadIdx.x;
+    __syncthreads();
+    o[threadIdx.x] = s[(threadIdx.x + 1) % 64];
+}
+"#;
+
+    fn compile_two() -> (Vec<u8>, String) {
+        assert!(
+            nvrtc_available(),
+            "NVRTC is needed (. scripts/nvrtc-env.sh)"
+        );
+        let mut options: Vec<String> = BASE_OPTIONS.iter().map(|s| s.to_string()).collect();
+        options.push("--gpu-architecture=sm_90".into());
+        // A unique copy per call: a repeated program may come from the CUDA
+        // compute cache with an empty log, and these tests need a real one.
+        let (text, _) = with_log_probe(TWO);
+        nvrtc_compile(&text, "two.cu", &options).unwrap()
+    }
+
+    type Settle = Result<Settled, String>;
+
+    fn settle_with(cubin: Vec<u8>, log: &str, retry: Option<(Vec<u8>, String)>) -> (Settle, bool) {
+        let called = std::cell::Cell::new(false);
+        let r = settle_resources(
+            cubin,
+            log.to_string(),
+            || {
+                called.set(true);
+                retry.ok_or_else(|| "no retry expected".to_string())
+            },
+            |reason| format!("unresolved: {reason}"),
+        );
+        (r, called.get())
+    }
+
+    #[test]
+    fn complete_log_is_used_without_retry() {
+        let (cubin, log) = compile_two();
+        let (r, retried) = settle_with(cubin, &log, None);
+        let s = r.unwrap();
+        assert!(!retried);
+        assert_eq!(s.source, ResourceSource::PtxasLog);
+        assert_eq!(s.note, None);
+        // k_a, k_b and the probe kernel that made the compile unique.
+        assert_eq!(s.functions.len(), 3);
+        assert!(s
+            .functions
+            .iter()
+            .any(|f| f.name.starts_with(LOG_PROBE_PREFIX)));
+    }
+
+    #[test]
+    fn probe_report_is_cut_from_the_log() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'gemtune_log_probe_1_0' for 'sm_90'\n\
+ptxas info    : Function properties for gemtune_log_probe_1_0\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 4 registers, used 0 barriers, 352 bytes cmem[0]\n\
+ptxas info    : Compiling entry function 'k' for 'sm_90'\n\
+ptxas info    : Function properties for k\n\
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 20 registers, used 0 barriers, 360 bytes cmem[0]\n";
+        let cut = without_function(log, "gemtune_log_probe_1_0");
+        let f = parse_ptxas_log(&cut);
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            (f[0].name.as_str(), f[0].registers, f[0].stack_bytes),
+            ("k", 20, 8)
+        );
+        assert!(cut.starts_with("ptxas info    : 0 bytes gmem\n"));
+        // A callee's group after the probe's keeps its spill report.
+        let with_callee = format!(
+            "{log}ptxas info    : Function properties for helper\n    \
+             16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads\n"
+        );
+        let cut = without_function(&with_callee, "gemtune_log_probe_1_0");
+        assert!(cut.contains("12 bytes spill stores"), "{cut}");
+    }
+
+    #[test]
+    fn a_repeated_program_still_reports_its_resources() {
+        // Where the CUDA compute cache is active, the second compile of an
+        // identical program comes back with an empty log; the probe retry
+        // must still give ptxas's numbers, not the cubin's.
+        let f = crate::family("quantize_q8_1").unwrap();
+        let d = f.default_defines(crate::quant::GgmlType::Q8_0);
+        let a = compile(f, &d, Arch(90), None).unwrap();
+        let b = compile(f, &d, Arch(90), None).unwrap();
+        for cv in [&a, &b] {
+            assert_eq!(
+                cv.resources_source,
+                ResourceSource::PtxasLog,
+                "{:?}",
+                cv.resources_note
+            );
+            assert!(!cv.functions.is_empty());
+            assert!(cv
+                .functions
+                .iter()
+                .all(|f| !f.name.starts_with(LOG_PROBE_PREFIX)));
+        }
+        assert_eq!(a.cubin, b.cubin);
+        assert_eq!(a.functions, b.functions);
+    }
+
+    #[test]
+    fn empty_log_is_retried_once() {
+        let (cubin, log) = compile_two();
+        let (r, retried) = settle_with(cubin.clone(), "", Some((cubin, log.clone())));
+        let s = r.unwrap();
+        assert!(retried);
+        assert_eq!(s.source, ResourceSource::PtxasLog);
+        assert_eq!(s.log, log);
+        let note = s.note.unwrap();
+        assert!(
+            note.contains(
+                "the ptxas log was empty on the first compile; the retry's log was complete"
+            ),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn incomplete_logs_fall_back_to_the_cubin() {
+        let (cubin, log) = compile_two();
+        let from_cubin = crate::cubin::Cubin::parse(&cubin).unwrap().resources();
+        // Empty twice.
+        let (r, _) = settle_with(cubin.clone(), "", Some((cubin.clone(), String::new())));
+        let s = r.unwrap();
+        assert_eq!(s.source, ResourceSource::Cubin);
+        assert_eq!(s.functions, from_cubin);
+        let note = s.note.unwrap();
+        assert!(
+            note.contains("empty on the first compile and the ptxas log was empty on the retry"),
+            "{note}"
+        );
+        let b = s.functions.iter().find(|f| f.name == "k_b").unwrap();
+        assert_eq!(b.static_smem, 256);
+        // A log that lists only one of the two kernels, twice.
+        let cut = log
+            .split("Compiling entry function")
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("Compiling entry function");
+        assert_eq!(parse_ptxas_log(&cut).len(), 1);
+        let (r, _) = settle_with(cubin.clone(), &cut, Some((cubin, cut.clone())));
+        let s = r.unwrap();
+        assert_eq!(s.source, ResourceSource::Cubin);
+        assert!(s.note.unwrap().contains("did not list"));
+    }
+
+    #[test]
+    fn unreadable_cubin_and_empty_logs_are_an_error() {
+        let (_, log) = compile_two();
+        let junk = b"not an elf".to_vec();
+        let (r, _) = settle_with(junk.clone(), "", Some((junk.clone(), String::new())));
+        let e = r.err().unwrap();
+        assert!(e.starts_with("unresolved: the ptxas log was empty"), "{e}");
+        assert!(e.contains("not a cubin"), "{e}");
+        // With a complete log the log is used, and the note says why the
+        // cubin was no help.
+        let (r, retried) = settle_with(junk, &log, None);
+        let s = r.unwrap();
+        assert!(!retried);
+        assert_eq!(s.source, ResourceSource::PtxasLog);
+        assert!(s.note.unwrap().contains("unreadable"));
     }
 }

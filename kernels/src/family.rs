@@ -107,6 +107,12 @@ pub trait Family: Sync {
             .map(source::header_defines)
             .unwrap_or_default()
     }
+    /// The architecture whose arch-specific feature set (`sm_XXa`, e.g.
+    /// Hopper's wgmma) the source needs: it compiles for that target only,
+    /// and `validate` rejects every other device. `None`: portable source.
+    fn arch_specific(&self) -> Option<Arch> {
+        None
+    }
     /// Defines of the family's default (baseline-quality) variant for `wtype`.
     fn default_defines(&self, wtype: GgmlType) -> Defines;
     /// The contract a variant with these defines is held to.
@@ -139,6 +145,7 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::gemv::Gemv,
         &crate::families::mmq::Mmq,
         &crate::families::gemm_dq::GemmDq,
+        &crate::families::gemm_wgmma::GemmWgmma,
     ]
 }
 

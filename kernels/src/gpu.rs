@@ -54,6 +54,10 @@ pub struct DeviceInfo {
     pub mem_clock_mhz: u32,
     pub mem_bus_bits: u32,
     pub total_mem_bytes: u64,
+    /// "dddd:bb:dd.0" (hex), the key NVML finds this device by (CUDA and
+    /// NVML may number devices differently).
+    #[serde(default)]
+    pub pci_bus_id: String,
 }
 
 pub struct Gpu {
@@ -116,6 +120,12 @@ impl Gpu {
             mem_clock_mhz: (attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? / 1000) as u32,
             mem_bus_bits: attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32,
             total_mem_bytes: drv("cuDeviceTotalMem", ctx.total_mem())? as u64,
+            pci_bus_id: format!(
+                "{:04x}:{:02x}:{:02x}.0",
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
+            ),
         };
         Ok(Gpu { ctx, stream, info })
     }
@@ -142,6 +152,12 @@ impl Gpu {
         drv("cuCtxSetCurrent", self.ctx.bind_to_thread())
     }
 
+    /// The context, for wrappers of other CUDA libraries that must make it
+    /// current when they release their handles.
+    pub(crate) fn context(&self) -> Arc<CudaContext> {
+        self.ctx.clone()
+    }
+
     pub(crate) fn stream(&self) -> sys::CUstream {
         self.stream.cu_stream()
     }
@@ -157,9 +173,10 @@ impl Gpu {
         drv("cuMemGetInfo", self.ctx.mem_get_info())
     }
 
-    /// Loads a compiled variant eagerly: the module, every function in it,
-    /// the dynamic shared-memory opt-in, and a cross-check of ptxas's
-    /// register / static smem / local counts against cuFuncGetAttribute.
+    /// Loads a compiled variant eagerly: the module, every kernel entry the
+    /// cubin's symbol table lists (the compile log plays no part), the
+    /// dynamic shared-memory opt-in, and a cross-check of the compile-time
+    /// register / static smem / stack counts against cuFuncGetAttribute.
     pub fn load(&self, cv: &CompiledVariant) -> Result<Module, GpuError> {
         self.bind()?;
         if cv.arch != self.arch() {
@@ -189,9 +206,21 @@ impl Gpu {
             attribute_notes: Vec::new(),
         };
         let max_dyn = self.info.smem_optin_per_block as i32;
-        for fr in &cv.functions {
-            let cname = CString::new(fr.name.as_str())
-                .map_err(|_| GpuError::Other(format!("bad function name {}", fr.name)))?;
+        let names = match crate::cubin::entry_names(&cv.cubin) {
+            Ok(n) => n,
+            // Only an unreadable symbol table gets here; the compile-time
+            // list is the best remaining guess, and the note says so.
+            Err(e) => {
+                m.attribute_notes.push(format!(
+                    "{}: cubin symbol table unreadable ({e}); loading the compile-time function list",
+                    cv.family
+                ));
+                cv.functions.iter().map(|f| f.name.clone()).collect()
+            }
+        };
+        for name in names {
+            let cname = CString::new(name.as_str())
+                .map_err(|_| GpuError::Other(format!("bad function name {name}")))?;
             // SAFETY: `module` is loaded and not unloaded until `m` drops.
             let f = drv("cuModuleGetFunction", unsafe {
                 result::module::get_function(m.module, cname)
@@ -206,11 +235,16 @@ impl Gpu {
             let regs = get(FA::CU_FUNC_ATTRIBUTE_NUM_REGS)? as u32;
             let smem = get(FA::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u32;
             let local = get(FA::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)? as u32;
-            if regs != fr.registers || smem != fr.static_smem || local != fr.stack_bytes {
-                m.attribute_notes.push(format!(
-                    "{}: ptxas said regs={} smem={} stack={}, driver says regs={regs} smem={smem} local={local}",
-                    fr.name, fr.registers, fr.static_smem, fr.stack_bytes
-                ));
+            match cv.function(&name) {
+                Some(fr)
+                    if regs == fr.registers && smem == fr.static_smem && local == fr.stack_bytes => {}
+                Some(fr) => m.attribute_notes.push(format!(
+                    "{name}: compile time ({}) said regs={} smem={} stack={}, driver says regs={regs} smem={smem} local={local}",
+                    cv.resources_source, fr.registers, fr.static_smem, fr.stack_bytes
+                )),
+                None => m.attribute_notes.push(format!(
+                    "{name}: no compile-time resources; driver says regs={regs} smem={smem} local={local}"
+                )),
             }
             let dyn_allowed = (max_dyn - smem as i32).max(0);
             // SAFETY: valid function; the value is within the device's opt-in limit.
@@ -221,7 +255,7 @@ impl Gpu {
                     dyn_allowed,
                 )
             })?;
-            m.functions.insert(fr.name.clone(), f);
+            m.functions.insert(name, f);
         }
         Ok(m)
     }
@@ -393,23 +427,20 @@ pub struct Module {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
     functions: BTreeMap<String, sys::CUfunction>,
-    /// Differences between ptxas's and the driver's resource counts.
+    /// Differences between the compile-time and the driver's resource
+    /// counts, and anything else `Gpu::load` could not take at face value.
     pub attribute_notes: Vec<String>,
 }
 
 impl Module {
-    /// The entry `name`: from the functions ptxas reported at compile time,
-    /// or, when the compiler's log did not list it, looked up in the loaded
-    /// image itself (the cubin, not the log, is the authority on what exists).
+    /// The entry `name`, one of the kernels `Gpu::load` found in the cubin.
     pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, GpuError> {
-        if let Some(f) = self.functions.get(name) {
-            return Ok(*f);
-        }
-        let missing = || GpuError::Other(format!("kernel {name} is not in the loaded module"));
-        let cname = CString::new(name).map_err(|_| missing())?;
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `module` is loaded and not unloaded until `self` drops.
-        unsafe { result::module::get_function(self.module, cname) }.map_err(|_| missing())
+        self.functions.get(name).copied().ok_or_else(|| {
+            GpuError::Other(format!(
+                "kernel {name} is not in the loaded module (it has: {})",
+                self.function_names().join(", ")
+            ))
+        })
     }
     pub fn function_names(&self) -> Vec<String> {
         self.functions.keys().cloned().collect()

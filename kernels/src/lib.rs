@@ -8,17 +8,24 @@
 //! - `family`, `families`: per-family validation, geometry and workloads.
 //! - `gpu`, `check`, `timing`: the device wrapper, correctness checks,
 //!   event timing in two cache regimes and bandwidth ceilings.
+//! - `reference`: vendor-library (cuBLAS) reference rows, checked and timed
+//!   like the variants.
+//! - `clocks`: SM/memory clocks, temperature and power sampled through NVML
+//!   during timing (read-only).
 //!
 //! This crate knows nothing of TOML files, CLIs or models: shapes are numbers.
 
 pub mod check;
+pub mod clocks;
 pub mod compile;
+pub mod cubin;
 pub mod defines;
 pub mod families;
 pub mod family;
 pub mod gpu;
 pub mod oracle;
 pub mod quant;
+pub mod reference;
 pub mod source;
 pub mod timing;
 pub mod workload;
@@ -33,5 +40,7 @@ pub use family::{
     families, family, Contract, DeviceLimits, Family, LaunchGeometry, MatmulProblem, Problem,
 };
 pub use gpu::{DeviceInfo, Gpu, GpuError};
-pub use timing::{measure_ceilings, time_variant, Ceilings, Regime, Timing, TimingConfig};
+pub use timing::{
+    measure_ceilings, time_variant, time_workload, Ceilings, Regime, Timeable, Timing, TimingConfig,
+};
 pub use workload::OpKind;

@@ -14,7 +14,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_1.cu", include_str!("../cuda/quantize_q8_1.cu")),
     ("gemv.cu", include_str!("../cuda/gemv.cu")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),
+    ("dq_convert.cuh", include_str!("../cuda/dq_convert.cuh")),
     ("gemm_dq.cu", include_str!("../cuda/gemm_dq.cu")),
+    ("gemm_wgmma.cu", include_str!("../cuda/gemm_wgmma.cu")),
     ("stream.cu", include_str!("../cuda/stream.cu")),
 ];
 

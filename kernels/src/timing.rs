@@ -8,7 +8,7 @@
 use crate::compile::{compile_source, default_cache_dir, CompiledVariant};
 use crate::defines::{DefineValue, Defines};
 use crate::family::{Family, LaunchGeometry, Problem};
-use crate::gpu::{Gpu, GpuError, KArg};
+use crate::gpu::{Gpu, GpuError, KArg, Module};
 use crate::workload::{OpKind, Workload};
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +21,10 @@ pub enum Regime {
     /// activations stay warm.
     Dram,
 }
+
+/// Seed of the inputs a timed call runs on (values do not change the time
+/// of these kernels; one fixed seed keeps runs comparable).
+pub const TIMING_SEED: u64 = 0x5eed_0001;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimingConfig {
@@ -56,12 +60,23 @@ pub struct Timing {
     pub ops_per_call: u64,
     pub op_kind: OpKind,
     pub launches_per_sample: usize,
-    /// Resident CTAs per SM the driver reports for this launch.
+    /// Resident CTAs per SM the driver reports for this launch (0 when not
+    /// known, e.g. for a vendor-library call).
     pub blocks_per_sm: u32,
     pub regime: Regime,
     /// Anything the reader should know (e.g. fewer copies than 2x L2 for
     /// lack of memory).
     pub note: String,
+    /// Host time (`clocks::now_s`) when the warm-up began: clock samples
+    /// from then on saw the device busy with this work.
+    #[serde(default)]
+    pub warmup_from_s: f64,
+    /// Host time (`clocks::now_s`) when the measured samples began and
+    /// ended (warm-up excluded): the window to read sampled clocks over.
+    #[serde(default)]
+    pub measured_from_s: f64,
+    #[serde(default)]
+    pub measured_to_s: f64,
 }
 
 impl Timing {
@@ -87,6 +102,55 @@ fn rel_spread(samples: &[f64]) -> f64 {
     (quantile(&s, 0.9) - quantile(&s, 0.1)) / med
 }
 
+/// What the sampling loop needs from anything it times: the weight
+/// rotation of the DRAM regime, one enqueued call, and the call's size.
+/// A family's `Workload` (through its loaded module) and a vendor-library
+/// reference (`crate::reference`) both implement it, so both are measured by
+/// the same loop with the same statistics.
+pub trait Timeable {
+    /// Bytes of one copy of the rotated inputs (the weights); 0 when nothing
+    /// is rotated.
+    fn weight_bytes(&self) -> u64;
+    /// Makes `n` weight copies in total (copy 0 is the original).
+    fn set_weight_copies(&mut self, gpu: &Gpu, n: usize) -> Result<(), GpuError>;
+    fn weight_copies(&self) -> usize;
+    /// Enqueues one call on the GPU's stream using weight copy `copy`.
+    fn enqueue(&self, gpu: &Gpu, copy: usize) -> Result<(), GpuError>;
+    fn bytes_per_call(&self) -> u64;
+    fn ops_per_call(&self) -> u64;
+    fn op_kind(&self) -> OpKind;
+}
+
+/// A family workload bound to its loaded module.
+struct Launched<'a> {
+    wl: Box<dyn Workload>,
+    module: &'a Module,
+}
+
+impl Timeable for Launched<'_> {
+    fn weight_bytes(&self) -> u64 {
+        self.wl.weight_bytes()
+    }
+    fn set_weight_copies(&mut self, gpu: &Gpu, n: usize) -> Result<(), GpuError> {
+        self.wl.set_weight_copies(gpu, n)
+    }
+    fn weight_copies(&self) -> usize {
+        self.wl.weight_copies()
+    }
+    fn enqueue(&self, gpu: &Gpu, copy: usize) -> Result<(), GpuError> {
+        self.wl.launch(gpu, self.module, copy)
+    }
+    fn bytes_per_call(&self) -> u64 {
+        self.wl.bytes_per_call()
+    }
+    fn ops_per_call(&self) -> u64 {
+        self.wl.ops_per_call()
+    }
+    fn op_kind(&self) -> OpKind {
+        self.wl.op_kind()
+    }
+}
+
 /// Times variant `cv` of `f` on problem `p` in `regime`.
 pub fn time_variant(
     gpu: &Gpu,
@@ -101,7 +165,29 @@ pub fn time_variant(
         .validate(d, p, &gpu.limits())
         .map_err(|r| GpuError::Rejected(format!("{}: {r}", f.name())))?;
     let module = gpu.load(cv)?;
-    let mut wl = f.workload(gpu, d, p, &geo, 0x5eed_0001)?;
+    let wl = f.workload(gpu, d, p, &geo, TIMING_SEED)?;
+    let mut t = time_workload(
+        gpu,
+        &mut Launched {
+            wl,
+            module: &module,
+        },
+        regime,
+        cfg,
+    )?;
+    t.blocks_per_sm = gpu.occupancy(&module, &geo)?;
+    Ok(t)
+}
+
+/// Times anything `Timeable` in `regime`: weight copies for the DRAM regime,
+/// warm-up until stable, then samples until the spread or the budget says
+/// stop. `blocks_per_sm` is left 0 (the caller knows the launch, if any).
+pub fn time_workload(
+    gpu: &Gpu,
+    wl: &mut dyn Timeable,
+    regime: Regime,
+    cfg: &TimingConfig,
+) -> Result<Timing, GpuError> {
     let mut note = String::new();
     let wb = wl.weight_bytes();
     if regime == Regime::Dram && wb > 0 {
@@ -119,16 +205,16 @@ pub fn time_variant(
         wl.set_weight_copies(gpu, n)?;
     }
     let copies = wl.weight_copies();
-    let launch = |wl: &dyn Workload, i: usize| wl.launch(gpu, &module, i % copies);
+    let launch = |wl: &dyn Timeable, i: usize| wl.enqueue(gpu, i % copies);
     // First launch: module warm, caches filled; then a single timed launch
     // estimates the duration.
-    launch(wl.as_ref(), 0)?;
+    launch(&*wl, 0)?;
     gpu.synchronize()?;
     let e0 = gpu.event()?;
     let e1 = gpu.event()?;
     gpu.record(&e0)?;
     for i in 0..copies.max(4) {
-        launch(wl.as_ref(), i)?;
+        launch(&*wl, i)?;
     }
     gpu.record(&e1)?;
     let est_ms = e0.elapsed_ms(&e1)? as f64 / copies.max(4) as f64;
@@ -140,7 +226,7 @@ pub fn time_variant(
     let chunk = 10usize;
     let events: Vec<_> = (0..=chunk).map(|_| gpu.event()).collect::<Result<_, _>>()?;
     let mut counter = 0usize;
-    let mut run_chunk = |wl: &dyn Workload| -> Result<Vec<f64>, GpuError> {
+    let mut run_chunk = |wl: &dyn Timeable| -> Result<Vec<f64>, GpuError> {
         gpu.record(&events[0])?;
         for e in &events[1..] {
             for _ in 0..lps {
@@ -157,10 +243,11 @@ pub fn time_variant(
     };
     // Warm-up until stable: three consecutive chunk medians within 2%, at
     // least warmup_ms, at most 4x warmup_ms.
+    let warmup_from_s = crate::clocks::now_s();
     let mut warm_ms = 0.0;
     let mut medians: Vec<f64> = Vec::new();
     loop {
-        let s = run_chunk(wl.as_ref())?;
+        let s = run_chunk(&*wl)?;
         warm_ms += s.iter().sum::<f64>() * lps as f64 / 1000.0;
         let mut ss = s.clone();
         ss.sort_by(f64::total_cmp);
@@ -175,10 +262,13 @@ pub fn time_variant(
             break;
         }
     }
+    // Each chunk ends in an event synchronisation, so the host clock
+    // brackets the GPU's measured work to within one chunk's enqueue time.
+    let measured_from_s = crate::clocks::now_s();
     let mut samples: Vec<f64> = Vec::new();
     let mut spent_ms = 0.0;
     loop {
-        let s = run_chunk(wl.as_ref())?;
+        let s = run_chunk(&*wl)?;
         spent_ms += s.iter().sum::<f64>() * lps as f64 / 1000.0;
         samples.extend(s);
         if samples.len() >= cfg.max_reps
@@ -188,6 +278,7 @@ pub fn time_variant(
             break;
         }
     }
+    let measured_to_s = crate::clocks::now_s();
     gpu.check_async()?;
     Ok(Timing {
         samples_us: samples,
@@ -197,9 +288,12 @@ pub fn time_variant(
         ops_per_call: wl.ops_per_call(),
         op_kind: wl.op_kind(),
         launches_per_sample: lps,
-        blocks_per_sm: gpu.occupancy(&module, &geo)?,
+        blocks_per_sm: 0,
         regime,
         note,
+        warmup_from_s,
+        measured_from_s,
+        measured_to_s,
     })
 }
 

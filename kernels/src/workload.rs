@@ -23,6 +23,18 @@ pub trait Workload {
     fn weight_copies(&self) -> usize;
     /// Enqueues one call on the GPU's stream using weight copy `copy`.
     fn launch(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError>;
+    /// Whether `launch` initialises the outputs before the kernel runs
+    /// (kernels that accumulate into them, e.g. split-K): the check then
+    /// runs `launch_kernel_only` on poisoned outputs to find words the
+    /// kernel never touches, which the initialisation would hide.
+    fn accumulates(&self) -> bool {
+        false
+    }
+    /// `launch` without the output initialisation (the same as `launch`
+    /// for workloads that do not accumulate).
+    fn launch_kernel_only(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
+        self.launch(gpu, m, copy)
+    }
     /// Writes the poison pattern over every output.
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError>;
     /// Downloads the outputs and judges them.

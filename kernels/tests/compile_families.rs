@@ -1,8 +1,12 @@
 //! Every family's default defines compile through NVRTC for sm_80, sm_89 and
-//! sm_90 with zero spills; the `Defines:` header blocks match the `#error`
-//! guards. No GPU needed; NVRTC must be loadable (CI installs it from PyPI).
+//! sm_90 with zero spills, and the cubin's own resource attributes agree with
+//! the ptxas log; the `Defines:` header blocks match the `#error` guards. No
+//! GPU needed; NVRTC must be loadable (CI installs it from PyPI).
 
-use gemtune_kernels::compile::{compile, nvrtc_available, nvrtc_version, Arch};
+use gemtune_kernels::compile::{
+    compile, nvrtc_available, nvrtc_version, parse_ptxas_log, Arch, ResourceSource,
+};
+use gemtune_kernels::cubin::{entry_names, Cubin};
 use gemtune_kernels::family::{families, DeviceLimits, Problem};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::source::{header_defines, required_macros, source, SOURCES};
@@ -22,37 +26,58 @@ fn defaults_compile_for_every_arch_without_spills() {
     assert!(v.0 >= 12, "NVRTC {v:?} is too old");
     for arch in [Arch(80), Arch(89), Arch(90)] {
         for f in families() {
+            if f.arch_specific().is_some_and(|a| a != arch) {
+                continue;
+            }
             for wt in [GgmlType::Q8_0, GgmlType::Q4_0] {
                 let d = f.default_defines(wt);
-                let cv = compile(f, &d, arch, None)
-                    .unwrap_or_else(|e| panic!("{} {} {arch}: {e}", f.name(), wt.name()));
+                let what = format!("{arch} {} {}", f.name(), wt.name());
+                let cv = compile(f, &d, arch, None).unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert!(!cv.cubin.is_empty());
+                // An incomplete ptxas log (empty when the CUDA compute cache
+                // served the program) is retried and, failing that, replaced
+                // by the cubin's counts; the note says which happened.
+                if let Some(note) = &cv.resources_note {
+                    println!(
+                        "NOTE {what}: {note} [resources from the {}]",
+                        cv.resources_source
+                    );
+                }
+                let cubin = Cubin::parse(&cv.cubin);
                 assert!(
                     !cv.functions.is_empty(),
-                    "{}: no functions parsed from log:\n{}",
-                    f.name(),
+                    "{what}: no functions in the ptxas log nor in the cubin ({}):\n{}",
+                    match &cubin {
+                        Ok(c) => format!("{} kernel(s)", c.kernels.len()),
+                        Err(e) => e.to_string(),
+                    },
                     cv.log
                 );
+                if let Ok(c) = &cubin {
+                    for k in &c.kernels {
+                        assert!(
+                            cv.function(&k.name).is_some(),
+                            "{what}: kernel {} of the cubin has no resources",
+                            k.name
+                        );
+                    }
+                }
                 for fr in &cv.functions {
                     assert_eq!(
-                        fr.spill_bytes,
-                        0,
-                        "{} {} {arch}: {} spills {} bytes\n{}",
-                        f.name(),
-                        wt.name(),
-                        fr.name,
-                        fr.spill_bytes,
-                        cv.log
+                        fr.spill_bytes, 0,
+                        "{what}: {} spills {} bytes (resources from the {})\n{}",
+                        fr.name, fr.spill_bytes, cv.resources_source, cv.log
                     );
-                    assert!(fr.registers > 0 && fr.registers <= 255, "{fr:?}");
+                    assert!(fr.registers > 0 && fr.registers <= 255, "{what}: {fr:?}");
                     println!(
-                        "{arch} {:14} {:5} {:10} regs {:3} smem {:5} stack {}",
+                        "{arch} {:14} {:5} {:16} regs {:3} smem {:5} stack {} ({})",
                         f.name(),
                         wt.name(),
                         fr.name,
                         fr.registers,
                         fr.static_smem,
-                        fr.stack_bytes
+                        fr.stack_bytes,
+                        cv.resources_source
                     );
                 }
                 // The defaults target the H100: they must be a valid point there.
@@ -68,6 +93,43 @@ fn defaults_compile_for_every_arch_without_spills() {
             }
         }
     }
+}
+
+/// The cubin's attributes and ptxas's log agree, kernel for kernel, on
+/// every family's defaults: the fallback used when the log is incomplete
+/// gives the numbers the log would have.
+#[test]
+fn cubin_resources_match_ptxas_for_defaults() {
+    require_nvrtc();
+    let mut checked = 0;
+    for arch in [Arch(80), Arch(89), Arch(90)] {
+        for f in families() {
+            if f.arch_specific().is_some_and(|a| a != arch) {
+                continue;
+            }
+            for wt in [GgmlType::Q8_0, GgmlType::Q4_0] {
+                let what = format!("{arch} {} {}", f.name(), wt.name());
+                let cv = compile(f, &f.default_defines(wt), arch, None)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                if cv.resources_source != ResourceSource::PtxasLog {
+                    println!("SKIP {what}: no complete ptxas log to compare with");
+                    continue;
+                }
+                let c = Cubin::parse(&cv.cubin).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(c.sm, arch.0, "{what}");
+                let log = parse_ptxas_log(&cv.log);
+                let diffs = c.differences(&log);
+                assert!(diffs.is_empty(), "{what}: {diffs:#?}\n{}", cv.log);
+                let mut names: Vec<String> = entry_names(&cv.cubin).unwrap();
+                let mut logged: Vec<String> = log.iter().map(|f| f.name.clone()).collect();
+                names.sort();
+                logged.sort();
+                assert_eq!(names, logged, "{what}");
+                checked += c.kernels.len();
+            }
+        }
+    }
+    assert!(checked > 0);
 }
 
 #[test]

@@ -69,7 +69,9 @@ fn matmul_shapes(wt: GgmlType) -> Vec<Problem> {
     let mut v = Vec::new();
     for m in [1usize, 3, 8, 77, 256] {
         for n in [64usize, 200, 1024] {
-            for k in [256usize, 2560] {
+            // 32 and 2592: a partial last 64-k tile, and (split-K) a slice
+            // with no tile and an odd tile count split in two.
+            for k in [32usize, 256, 2560, 2592] {
                 v.push(Problem::matmul(m, n, k, wt));
             }
         }
@@ -134,6 +136,18 @@ fn gemv_variants_pass() {
 }
 
 fn gemm_variants(name: &str) -> Vec<Vec<(&'static str, DefineValue)>> {
+    if name == "gemm_wgmma" {
+        return vec![
+            vec![],
+            vec![("BM", i(64)), ("WG", i(1)), ("STAGES", i(3))],
+            vec![("BM", i(128)), ("MW", i(2))],
+            vec![("BM", i(192)), ("WG", i(3)), ("STAGES", i(3))],
+            vec![("BM", i(128)), ("WG", i(1)), ("STAGES", i(6))],
+            vec![("DQ_TYPE", s("BF16"))],
+            vec![("KSPLIT", i(2))],
+            vec![("KSPLIT", i(2)), ("BM", i(192)), ("WG", i(1))],
+        ];
+    }
     let mut v = vec![
         vec![],
         vec![
@@ -183,6 +197,12 @@ fn mmq_variants_pass() {
 #[ignore = "needs a CUDA GPU"]
 fn gemm_dq_variants_pass() {
     gemm_family_passes("gemm_dq");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemm_wgmma_variants_pass() {
+    gemm_family_passes("gemm_wgmma");
 }
 
 /// Prints timings (not asserted: numbers for the report).
@@ -284,6 +304,30 @@ fn timing_probe() {
                 Problem::matmul(1, 10240, 2560, wt),
                 Regime::Dram,
             );
+        }
+        if only.is_empty() || only.contains("gemm_wgmma") {
+            let f = family("gemm_wgmma").unwrap();
+            for (n, k) in [(10240usize, 2560usize), (2560, 10240)] {
+                for extra in [
+                    vec![],
+                    vec![("STAGES", i(3))],
+                    vec![("STAGES", i(5))],
+                    vec![("BM", i(128))],
+                    vec![("BM", i(128)), ("MW", i(2))],
+                    vec![("BM", i(192)), ("WG", i(3)), ("STAGES", i(3))],
+                    vec![("BM", i(256)), ("WG", i(1))],
+                    vec![("BM", i(128)), ("WG", i(1)), ("STAGES", i(6))],
+                    vec![("DQ_TYPE", s("BF16"))],
+                ] {
+                    let d = with(f.default_defines(wt), &extra);
+                    run(
+                        "gemm_wgmma",
+                        &d,
+                        Problem::matmul(2048, n, k, wt),
+                        Regime::Dram,
+                    );
+                }
+            }
         }
         for fname in ["gemm_dq", "mmq"] {
             if !(only.is_empty() || only.contains(fname)) {

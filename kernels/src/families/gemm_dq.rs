@@ -7,7 +7,7 @@
 use super::gemv::fp_rms_bound;
 use super::mmq::scales_f32;
 use super::tiles::{bkw, geometry, pad16, read_tiles};
-use super::{make_weights, matmul_f64, random_matrix, rng_for, Arg, Launch, MatmulWorkload};
+use super::{matmul_f64, memo, seeded_inputs, Arg, Launch, MatmulWorkload};
 use crate::check::Tolerance;
 use crate::defines::{defines, get_str, DefineValue, Defines};
 use crate::family::{
@@ -20,7 +20,7 @@ use crate::workload::{OpKind, WeightSet, Workload};
 
 pub struct GemmDq;
 
-fn is_bf16(d: &Defines) -> Result<bool, String> {
+pub(crate) fn is_bf16(d: &Defines) -> Result<bool, String> {
     match get_str(d, "DQ_TYPE")?.as_str() {
         "F16" => Ok(false),
         "BF16" => Ok(true),
@@ -64,22 +64,8 @@ impl Family for GemmDq {
     fn contract(&self, _d: &Defines) -> Contract {
         Contract::Approx
     }
-    /// Operand rounding (2^-11 for f16, 2^-8 for bf16, on both operands)
-    /// gives a k-independent relative RMS error of about u/sqrt(3)*sqrt(2);
-    /// the bound allows ~4x that. The replay differs only by fp32 summation.
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
-        let bf16 = is_bf16(d).unwrap_or(true);
-        let u = if bf16 {
-            f64::powi(2.0, -8)
-        } else {
-            f64::powi(2.0, -11)
-        };
-        Tolerance {
-            rms_rel: 4.0 * u,
-            max_rel: 20.0 * u,
-            outlier_frac: 1e-3,
-            replay_rms_rel: 2.0 * fp_rms_bound(matmul_of(p).k),
-        }
+        dq_tolerance(d, p)
     }
     fn validate(
         &self,
@@ -102,69 +88,117 @@ impl Family for GemmDq {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        let mp = matmul_of(p);
-        let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
-        let bf16 = is_bf16(d).map_err(GpuError::Rejected)?;
-        let (m, n, k) = (mp.m, mp.n, mp.k);
-        let mut rng = rng_for(self.name(), &[m, n, k, wt as usize], seed);
-        let w = make_weights(&mut rng, wt, n, k)?;
-        let x = random_matrix(&mut rng, m, k);
-        let planes = vec![
-            gpu.upload(&w.qplane)?,
-            gpu.upload(&scales_f32(&w.dplane_f16))?,
-        ];
-        let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
-        // The pre-pass converts x on the GPU once (into the k-permuted layout
-        // only gemm_dq reads); its output is what the GEMM reads, so the
-        // check covers it too.
-        let x_dev = gpu.upload(&x)?;
-        let xh = gpu.alloc(m * k * 2)?;
-        let module = gpu.load(&crate::compile::compile(
-            self,
-            d,
-            gpu.arch(),
-            crate::compile::default_cache_dir().as_deref(),
-        )?)?;
-        let pairs = (m * k / 2) as u64;
-        let cgeo = LaunchGeometry {
-            kernel: "gemm_dq_convert".into(),
-            grid: (pairs.div_ceil(256) as u32, 1, 1),
-            block: (256, 1, 1),
-            dyn_smem: 0,
-        };
-        gpu.launch(&module, &cgeo, &[x_dev.arg(), xh.arg(), KArg::U64(pairs)])?;
-        gpu.synchronize()?;
-        let y = gpu.alloc(m * n * 4)?;
-        let deq = w.deq;
-        let reference: super::RefFn = Box::new(move || {
+        dq_workload(self, gpu, d, p, geo, seed, false)
+    }
+}
+
+/// Operand rounding (2^-11 for f16, 2^-8 for bf16, on both operands) gives a
+/// k-independent relative RMS error of about u/sqrt(3)*sqrt(2); the bound
+/// allows ~4x that. The replay differs only by fp32 summation. Shared by
+/// every family that rounds both operands to DQ_TYPE.
+pub(crate) fn dq_tolerance(d: &Defines, p: &Problem) -> Tolerance {
+    rounded_operands_tolerance(is_bf16(d).unwrap_or(true), matmul_of(p).k)
+}
+
+/// The bound for a k-long f32-accumulated product of operands rounded to
+/// bf16 (`bf16`) or f16: shared by every GEMM on rounded operands,
+/// vendor references included.
+pub(crate) fn rounded_operands_tolerance(bf16: bool, k: usize) -> Tolerance {
+    let u = if bf16 {
+        f64::powi(2.0, -8)
+    } else {
+        f64::powi(2.0, -11)
+    };
+    Tolerance {
+        rms_rel: 4.0 * u,
+        max_rel: 20.0 * u,
+        outlier_frac: 1e-3,
+        replay_rms_rel: 2.0 * fp_rms_bound(k),
+    }
+}
+
+/// Inputs, reference and launch for a GEMM over gemm_dq's operands: weight
+/// planes (quants, f32 scales), activations converted once by the
+/// `gemm_dq_convert` pre-pass (dq_convert.cuh, part of `f`'s module) into
+/// the k-permuted DQ_TYPE layout, and a kernel with the argument list
+/// (wq, wd, xh, y, M, N, K). `zero_y`: the kernel adds into y (split-K), so
+/// every call zeroes it first.
+pub(crate) fn dq_workload(
+    f: &dyn Family,
+    gpu: &Gpu,
+    d: &Defines,
+    p: &Problem,
+    geo: &LaunchGeometry,
+    seed: u64,
+    zero_y: bool,
+) -> Result<Box<dyn Workload>, GpuError> {
+    let mp = matmul_of(p);
+    let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
+    let bf16 = is_bf16(d).map_err(GpuError::Rejected)?;
+    let (m, n, k) = (mp.m, mp.n, mp.k);
+    // gemm_dq and gemm_wgmma compute the same function from one input
+    // generator, so with the same seed they see the same inputs and share the
+    // memoized reference.
+    let inputs = seeded_inputs("gemm_dq", &[m, n, k, wt as usize], wt, m, n, k, 1, seed)?;
+    let w = &inputs.w[0];
+    let planes = vec![
+        gpu.upload(&w.qplane)?,
+        gpu.upload(&scales_f32(&w.dplane_f16))?,
+    ];
+    let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
+    // The pre-pass converts x on the GPU once (into the k-permuted layout
+    // only these GEMMs read); its output is what the GEMM reads, so the
+    // check covers it too.
+    let x_dev = gpu.upload(&inputs.x)?;
+    let xh = gpu.alloc(m * k * 2)?;
+    let module = gpu.load(&crate::compile::compile(
+        f,
+        d,
+        gpu.arch(),
+        crate::compile::default_cache_dir().as_deref(),
+    )?)?;
+    let pairs = (m * k / 2) as u64;
+    let cgeo = LaunchGeometry {
+        kernel: "gemm_dq_convert".into(),
+        grid: (pairs.div_ceil(256) as u32, 1, 1),
+        block: (256, 1, 1),
+        dyn_smem: 0,
+    };
+    gpu.launch(&module, &cgeo, &[x_dev.arg(), xh.arg(), KArg::U64(pairs)])?;
+    gpu.synchronize()?;
+    let y = gpu.alloc(m * n * 4)?;
+    let key = format!("dq {m} {n} {k} {wt:?} {seed}");
+    let reference: super::RefFn = Box::new(move || {
+        let (deq, x) = (&inputs.w[0].deq, &inputs.x);
+        let r = memo::get(format!("{key} ref"), || matmul_f64(deq, x, m, n, k));
+        let rp = memo::get(format!("{key} replay bf16={bf16}"), || {
             let wr: Vec<f32> = deq.iter().map(|&v| round_op(v, bf16)).collect();
             let xr: Vec<f32> = x.iter().map(|&v| round_op(v, bf16)).collect();
-            (
-                matmul_f64(&deq, &x, m, n, k),
-                Some(matmul_f64(&wr, &xr, m, n, k)),
-            )
+            matmul_f64(&wr, &xr, m, n, k)
         });
-        let main = Launch {
-            geo: geo.clone(),
-            args: vec![
-                Arg::W(0),
-                Arg::W(1),
-                Arg::A(0),
-                Arg::Y,
-                Arg::I32(m as i32),
-                Arg::I32(n as i32),
-                Arg::I32(k as i32),
-            ],
-        };
-        Ok(Box::new(MatmulWorkload {
-            weights: WeightSet::new(planes),
-            acts: vec![xh],
-            y,
-            main,
-            reference,
-            bytes: weight_bytes + (m * k * 2 + m * n * 4) as u64,
-            ops: 2 * (m * n * k) as u64,
-            op_kind: OpKind::Flop,
-        }))
-    }
+        ((*r).clone(), Some((*rp).clone()))
+    });
+    let main = Launch {
+        geo: geo.clone(),
+        args: vec![
+            Arg::W(0),
+            Arg::W(1),
+            Arg::A(0),
+            Arg::Y,
+            Arg::I32(m as i32),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+        ],
+    };
+    Ok(Box::new(MatmulWorkload {
+        weights: WeightSet::new(planes),
+        acts: vec![xh],
+        y,
+        main,
+        reference,
+        bytes: weight_bytes + (m * k * 2 + m * n * 4) as u64,
+        ops: 2 * (m * n * k) as u64,
+        op_kind: OpKind::Flop,
+        zero_y,
+    }))
 }

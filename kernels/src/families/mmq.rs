@@ -4,8 +4,8 @@
 use super::gemv::fp_rms_bound;
 use super::tiles::{bkw, geometry, pad16, read_tiles};
 use super::{
-    ds_words, make_weights, matmul_f64, matmul_q8_replay, q8_1_replay, random_matrix, rng_for, Arg,
-    Launch, MatmulWorkload,
+    ds_words, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs, Arg, Launch,
+    MatmulWorkload,
 };
 use crate::check::Tolerance;
 use crate::defines::{defines, Defines};
@@ -83,22 +83,23 @@ impl Family for Mmq {
         let mp = matmul_of(p);
         let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
         let (m, n, k) = (mp.m, mp.n, mp.k);
-        let mut rng = rng_for(self.name(), &[m, n, k, wt as usize], seed);
-        let w = make_weights(&mut rng, wt, n, k)?;
-        let x = random_matrix(&mut rng, m, k);
-        let (q, ds) = q8_1_replay(&x);
+        let inputs = seeded_inputs(self.name(), &[m, n, k, wt as usize], wt, m, n, k, 1, seed)?;
+        let w = &inputs.w[0];
+        let (q, ds) = q8_1_replay(&inputs.x);
         let planes = vec![
             gpu.upload(&w.qplane)?,
             gpu.upload(&scales_f32(&w.dplane_f16))?,
         ];
         let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
         let acts = vec![gpu.upload(&q)?, gpu.upload(&ds_words(&ds))?];
-        let deq = w.deq;
+        let key = format!("mmq {m} {n} {k} {wt:?} {seed}");
         let reference: super::RefFn = Box::new(move || {
-            (
-                matmul_f64(&deq, &x, m, n, k),
-                Some(matmul_q8_replay(&deq, &q, &ds, m, n, k)),
-            )
+            let (deq, x) = (&inputs.w[0].deq, &inputs.x);
+            let r = memo::get(format!("{key} ref"), || matmul_f64(deq, x, m, n, k));
+            let rp = memo::get(format!("{key} replay q8_1"), || {
+                matmul_q8_replay(deq, &q, &ds, m, n, k)
+            });
+            ((*r).clone(), Some((*rp).clone()))
         });
         let y = gpu.alloc(m * n * 4)?;
         let main = Launch {
@@ -123,6 +124,7 @@ impl Family for Mmq {
             bytes: weight_bytes + (m * k + m * k / 32 * 8 + m * n * 4) as u64,
             ops: 2 * (m * n * k) as u64,
             op_kind: OpKind::IntOp,
+            zero_y: false,
         }))
     }
 }

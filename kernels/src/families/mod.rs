@@ -2,7 +2,9 @@
 //! weight repacking into planes, the Q8_1 replay and the f64 references.
 
 pub mod gemm_dq;
+pub mod gemm_wgmma;
 pub mod gemv;
+pub(crate) mod memo;
 pub mod mmq;
 pub mod quantize_q8_1;
 pub(crate) mod tiles;
@@ -58,24 +60,60 @@ pub(crate) fn make_weights(
     n: usize,
     k: usize,
 ) -> Result<QWeights, GpuError> {
+    use rayon::prelude::*;
     let ty = wt.ggml();
     let f = random_matrix(rng, n, k);
     let row_bytes = ty.type_size() * k / 32;
     let mut gguf = vec![0u8; n * row_bytes];
     let mut deq = vec![0f32; n * k];
-    for r in 0..n {
-        let dst = &mut gguf[r * row_bytes..(r + 1) * row_bytes];
-        quantize_row(ty, &f[r * k..(r + 1) * k], dst)
-            .map_err(|e| GpuError::Other(format!("quantizing test weights: {e}")))?;
-        dequantize_row(ty, dst, &mut deq[r * k..(r + 1) * k])
-            .map_err(|e| GpuError::Other(format!("dequantizing test weights: {e}")))?;
-    }
+    gguf.par_chunks_mut(row_bytes.max(1))
+        .zip(deq.par_chunks_mut(k.max(1)))
+        .zip(f.par_chunks(k.max(1)))
+        .try_for_each(|((dst, out), src)| -> Result<(), GpuError> {
+            quantize_row(ty, src, dst)
+                .map_err(|e| GpuError::Other(format!("quantizing test weights: {e}")))?;
+            dequantize_row(ty, dst, out)
+                .map_err(|e| GpuError::Other(format!("dequantizing test weights: {e}")))
+        })?;
     let (qplane, dplane_f16) = to_planes(wt, &gguf, n, k);
     Ok(QWeights {
         gguf,
         deq,
         qplane,
         dplane_f16,
+    })
+}
+
+/// A matmul check's seeded inputs: `w.len()` weight matrices (n x k) and then
+/// the activations x (m x k), drawn in that order from one generator.
+pub(crate) struct SeededInputs {
+    pub w: Vec<QWeights>,
+    pub x: Vec<f32>,
+}
+
+/// The inputs for (tag, dims, seed), generated once per process and shared
+/// by every variant checked on that shape (see `memo`). `dims` seeds the
+/// generator (`rng_for`) and must name everything the shape varies in.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn seeded_inputs(
+    tag: &str,
+    dims: &[usize],
+    wt: WType,
+    m: usize,
+    n: usize,
+    k: usize,
+    nmats: usize,
+    seed: u64,
+) -> Result<std::sync::Arc<SeededInputs>, GpuError> {
+    let key = format!("inputs {tag} {dims:?} {wt:?} m{m} n{n} k{k} x{nmats} seed{seed}");
+    memo::get_or_try(key, || {
+        let mut rng = rng_for(tag, dims, seed);
+        let mut w = Vec::with_capacity(nmats);
+        for _ in 0..nmats {
+            w.push(make_weights(&mut rng, wt, n, k)?);
+        }
+        let x = random_matrix(&mut rng, m, k);
+        Ok(SeededInputs { w, x })
     })
 }
 
@@ -196,6 +234,9 @@ pub(crate) struct MatmulWorkload {
     pub bytes: u64,
     pub ops: u64,
     pub op_kind: OpKind,
+    /// Zero the output before every call (kernels that accumulate into y,
+    /// e.g. split-K); the zeroing is part of the timed call.
+    pub zero_y: bool,
 }
 
 impl MatmulWorkload {
@@ -225,6 +266,15 @@ impl Workload for MatmulWorkload {
         self.weights.copies.len()
     }
     fn launch(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
+        if self.zero_y {
+            gpu.fill_u32(&self.y, 0)?;
+        }
+        self.launch_kernel_only(gpu, m, copy)
+    }
+    fn accumulates(&self) -> bool {
+        self.zero_y
+    }
+    fn launch_kernel_only(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
         gpu.launch(m, &self.main.geo, &self.args(&self.main, copy))
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
