@@ -97,23 +97,9 @@ fn base_row(job: &FamilyJob, p: &Point, s: &Shape, arch: Arch, d: &Defines) -> C
         k: s.k,
         wtype: s.wtype_define(),
         arch: arch.to_string(),
-        verdict: String::new(),
-        reason: String::new(),
         contract: crate::spec::family::contract_name(job.family.contract(d)).to_string(),
-        rms_rel: None,
-        max_rel: None,
-        max_abs: None,
-        outliers: None,
-        replay_rms_rel: None,
-        unwritten: None,
-        non_finite: None,
-        registers: None,
-        spill_bytes: None,
-        static_smem: None,
-        dyn_smem: None,
-        seed: None,
         defines: canonical(d),
-        nvrtc_version: String::new(),
+        ..Default::default()
     }
 }
 
@@ -229,13 +215,7 @@ pub fn run_check(
                 None => continue,
             };
             fill_resources(&mut row, &cv, &geo.kernel);
-            if job.spec.forbid_spills && row.spill_bytes.unwrap_or(0) > 0 {
-                row.verdict = "spills".into();
-                row.reason = format!(
-                    "{} bytes spilled; {} forbids spills",
-                    row.spill_bytes.unwrap_or(0),
-                    job.spec.file
-                );
+            if forbidden_spill(&mut row, job) {
                 out.failures += 1;
                 out.rows.push(row);
                 continue;
@@ -334,6 +314,18 @@ pub fn fill_report(row: &mut CheckRow, rep: &gemtune_kernels::check::CheckReport
     row.reason = format!("{note}{}", rep.detail);
 }
 
+/// Marks the row `spills` (with the reason) when it spilled and its spec
+/// forbids that; true if so.
+fn forbidden_spill(row: &mut CheckRow, job: &FamilyJob) -> bool {
+    let spilled = row.spill_bytes.unwrap_or(0);
+    if !job.spec.forbid_spills || spilled == 0 {
+        return false;
+    }
+    row.verdict = "spills".into();
+    row.reason = format!("{spilled} bytes spilled; {} forbids spills", job.spec.file);
+    true
+}
+
 fn first_lines(s: &str, n: usize) -> String {
     s.lines().take(n).collect::<Vec<_>>().join(" | ")
 }
@@ -405,19 +397,8 @@ fn compile_only_rows(
                     .flatten()
                     .filter_map(|k| cv.function(k))
                     .max_by_key(|f| (f.spill_bytes, f.registers));
-                match worst {
-                    Some(f) => {
-                        fill_resources(&mut row, cv, &f.name.clone());
-                    }
-                    None => fill_resources(&mut row, cv, ""),
-                }
-                if job.spec.forbid_spills && row.spill_bytes.unwrap_or(0) > 0 {
-                    row.verdict = "spills".into();
-                    row.reason = format!(
-                        "{} bytes spilled; {} forbids spills",
-                        row.spill_bytes.unwrap_or(0),
-                        job.spec.file
-                    );
+                fill_resources(&mut row, cv, worst.map_or("", |f| f.name.as_str()));
+                if forbidden_spill(&mut row, job) {
                     out.failures += 1;
                 } else {
                     row.verdict = "compiled".into();

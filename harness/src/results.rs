@@ -28,7 +28,7 @@ fn default_verdict() -> String {
     VERDICT_TIMED.to_string()
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckRow {
     pub schema_version: u32,
     pub family: String,
