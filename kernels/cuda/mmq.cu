@@ -64,6 +64,7 @@
 #endif
 
 #include "common.cuh"
+#include "stage_copy.cuh"
 
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WM (BM / WARPS_M)
@@ -100,37 +101,6 @@
 #define S_RSTEP (THREADS / KB)
 #define SA_ITERS ((BM + S_RSTEP - 1) / S_RSTEP)
 #define SB_ITERS ((BN + S_RSTEP - 1) / S_RSTEP)
-
-DEVI void copy16(u32 dst, u8* gdst, const void* src, bool ok) {
-#if CP_ASYNC
-    (void)gdst;
-    cp_async16(dst, src, ok ? 16 : 0);
-#else
-    (void)dst;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (ok) v = *reinterpret_cast<const uint4*>(src);
-    *reinterpret_cast<uint4*>(gdst) = v;
-#endif
-}
-DEVI void copy4(u32 dst, u8* gdst, const void* src, bool ok) {
-#if CP_ASYNC
-    (void)gdst;
-    cp_async4(dst, src, ok ? 4 : 0);
-#else
-    (void)dst;
-    *reinterpret_cast<float*>(gdst) = ok ? *reinterpret_cast<const float*>(src) : 0.0f;
-#endif
-}
-DEVI void commit() {
-#if CP_ASYNC
-    cp_async_commit();
-#endif
-}
-template <int N> DEVI void wait_stages() {
-#if CP_ASYNC
-    cp_async_wait<N>();
-#endif
-}
 
 // One thread's share of the stage copies, fixed for the whole k loop: row 0
 // pointers (k = this thread's column), byte strides between its rows of

@@ -13,6 +13,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../cuda/common.cuh")),
     ("quantize_q8_1.cu", include_str!("../cuda/quantize_q8_1.cu")),
     ("gemv.cu", include_str!("../cuda/gemv.cu")),
+    ("stage_copy.cuh", include_str!("../cuda/stage_copy.cuh")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),
     ("dq_convert.cuh", include_str!("../cuda/dq_convert.cuh")),
     ("gemm_dq.cu", include_str!("../cuda/gemm_dq.cu")),
