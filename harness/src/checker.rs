@@ -8,7 +8,7 @@ use crate::spec::{self, Cell, FamilySpec, Point, Shape};
 use gemtune_kernels::check::check_variant;
 use gemtune_kernels::compile::{compile, Arch, CompiledVariant};
 use gemtune_kernels::defines::{canonical, Defines};
-use gemtune_kernels::family::{DeviceLimits, Family, Problem};
+use gemtune_kernels::family::{DeviceLimits, Family};
 use gemtune_kernels::gpu::Gpu;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -96,6 +96,7 @@ fn base_row(job: &FamilyJob, p: &Point, s: &Shape, arch: Arch, d: &Defines) -> C
         n: s.n,
         k: s.k,
         wtype: s.wtype_define(),
+        problem: s.problem.describe(),
         arch: arch.to_string(),
         contract: crate::spec::family::contract_name(job.family.contract(d)).to_string(),
         defines: canonical(d),
@@ -221,12 +222,12 @@ pub fn run_check(
                 continue;
             }
             // Large token counts are checked at a capped proxy of the shape.
-            let (problem, check_note) = match opts.check_max_m {
-                Some(cap) if s.m > cap => (
-                    Problem::matmul(cap, s.n, s.k, s.wtype),
-                    format!("checked at m={cap} (proxy of m={}); ", s.m),
+            let (problem, check_note) = match opts.check_max_m.and_then(|cap| s.capped(cap)) {
+                Some(p) => (
+                    p,
+                    format!("checked at m={} (proxy of m={}); ", p.columns().0, s.m),
                 ),
-                _ => (s.problem(), String::new()),
+                None => (s.problem(), String::new()),
             };
             let seed = seed_for(job.family.name(), &s.name);
             row.seed = Some(seed);
@@ -471,9 +472,17 @@ pub fn load_jobs(
             ));
         }
         let mut shapes: Vec<Shape> = Vec::new();
+        let kind = family.problem_kind();
+        let mut other_kinds = 0usize;
         for f in &files {
             let sf = spec::load_shapes(&spec::shapes_path(vdir, f)).map_err(|e| e.to_string())?;
             for s in sf.expand() {
+                // A family runs on shapes of its own kind only; several
+                // families may share one `--shapes` list.
+                if s.kind() != kind {
+                    other_kinds += 1;
+                    continue;
+                }
                 if !tokens.is_empty() && !tokens.contains(&s.m) {
                     continue;
                 }
@@ -490,9 +499,17 @@ pub fn load_jobs(
             }
         }
         if shapes.is_empty() {
-            return Err(format!(
-                "{name}: no shape left after --tokens/--shape filters"
-            ));
+            return Err(
+                if other_kinds > 0 && tokens.is_empty() && shape_filter.is_empty() {
+                    format!(
+                    "{name} runs on {} shapes, and {} holds none ({other_kinds} shapes of other kinds)",
+                    kind.name(),
+                    files.join(", ")
+                )
+                } else {
+                    format!("{name}: no shape left after --tokens/--shape filters")
+                },
+            );
         }
         let points: Vec<Point> = spec::expand(&spec)
             .into_iter()

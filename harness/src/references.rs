@@ -9,7 +9,6 @@
 use crate::results::CheckRow;
 use crate::spec::Shape;
 use gemtune_kernels::check::CheckReport;
-use gemtune_kernels::family::Problem;
 use gemtune_kernels::gpu::Gpu;
 use gemtune_kernels::reference::{check_reference, references_for, Cublas, RefError, RefKind};
 use std::collections::BTreeMap;
@@ -39,11 +38,9 @@ pub fn plan<'a>(jobs: impl IntoIterator<Item = (&'a str, &'a [Shape])>) -> Vec<R
     for (family, shapes) in jobs {
         for s in shapes {
             for &kind in references_for(family) {
-                let dup = out.iter().any(|j| {
-                    j.kind == kind
-                        && (j.shape.m, j.shape.n, j.shape.k, j.shape.wtype)
-                            == (s.m, s.n, s.k, s.wtype)
-                });
+                let dup = out
+                    .iter()
+                    .any(|j| j.kind == kind && j.shape.problem == s.problem);
                 if !dup {
                     out.push(RefJob {
                         kind,
@@ -68,6 +65,7 @@ fn check_row(j: &RefJob, arch: &str, version: &str) -> CheckRow {
         n: s.n,
         k: s.k,
         wtype: s.wtype_define(),
+        problem: s.problem.describe(),
         arch: arch.to_string(),
         contract: crate::spec::family::contract_name(j.kind.contract()).to_string(),
         defines: version.to_string(),
@@ -99,13 +97,12 @@ pub fn check_all(
     for j in jobs.iter_mut() {
         let mut row = check_row(j, arch, &version);
         let s = &j.shape;
-        let (problem, note) = if s.m > check_max_m {
-            (
-                Problem::matmul(check_max_m, s.n, s.k, s.wtype),
+        let (problem, note) = match s.capped(check_max_m) {
+            Some(p) => (
+                p,
                 format!("checked at m={check_max_m} (proxy of m={}); ", s.m),
-            )
-        } else {
-            (s.problem(), String::new())
+            ),
+            None => (s.problem(), String::new()),
         };
         let seed = crate::checker::seed_for(j.kind.name(), &s.name);
         row.seed = Some(seed);
@@ -154,15 +151,12 @@ mod tests {
     use gemtune_kernels::quant::GgmlType;
 
     fn shape(base: &str, m: usize, n: usize, k: usize) -> Shape {
-        Shape {
-            name: format!("{base}@m={m}"),
-            base: base.into(),
-            m,
-            n,
-            k,
-            wtype: GgmlType::Q8_0,
-            from: String::new(),
-        }
+        Shape::new(
+            format!("{base}@m={m}"),
+            base.into(),
+            gemtune_kernels::Problem::matmul(m, n, k, GgmlType::Q8_0),
+            String::new(),
+        )
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::path::Path;
 /// Bumped whenever a column is added, removed or changes meaning.
 /// 2: `kind`, `verdict`, `reason` (vendor reference rows, rows that could
 /// not be timed) and the sampled-clock columns.
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: `problem` (every dimension of the shape, for attention and row-wise
+/// shapes whose m/n/k/wtype columns carry only part of it).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// `kind` of a row measuring one of our kernel variants.
 pub const KIND_VARIANT: &str = "variant";
@@ -39,6 +41,9 @@ pub struct CheckRow {
     pub n: usize,
     pub k: usize,
     pub wtype: String,
+    /// `Problem::describe` of the shape (schema 3).
+    #[serde(default)]
+    pub problem: String,
     pub arch: String,
     /// pass | fail | rejected | compile-error | spills | compiled | duplicate
     pub verdict: String,
@@ -79,6 +84,9 @@ pub struct TuneRow {
     pub n: usize,
     pub k: usize,
     pub wtype: String,
+    /// `Problem::describe` of the shape (schema 3).
+    #[serde(default)]
+    pub problem: String,
     /// l2 | dram
     pub regime: String,
     /// What the regime did, e.g. "dram: 6 weight copies, 157286400 B rotated (>= 2x L2)".

@@ -66,6 +66,7 @@ fn tune_row(
         n: 10240,
         k: 2560,
         wtype: "Q8_0".into(),
+        problem: "matmul".into(),
         regime: regime.into(),
         regime_label: "dram: 5 weight copies, 139264000 B rotated (2.7x L2)".into(),
         verdict: results::VERDICT_TIMED.into(),
@@ -176,7 +177,7 @@ fn results_csv_round_trips_at_full_precision() {
         "{}",
         &header[..60]
     );
-    assert_eq!(results::SCHEMA_VERSION, 2);
+    assert_eq!(results::SCHEMA_VERSION, 3);
     assert_eq!(results::split_samples(&back[0].samples_us).len(), 3);
 
     let check = vec![CheckRow {
@@ -189,6 +190,7 @@ fn results_csv_round_trips_at_full_precision() {
         n: 10240,
         k: 2560,
         wtype: "Q8_0".into(),
+        problem: "matmul".into(),
         arch: "sm_90".into(),
         verdict: "pass".into(),
         reason: "ok, with a comma".into(),

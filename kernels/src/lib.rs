@@ -15,6 +15,7 @@
 //!
 //! This crate knows nothing of TOML files, CLIs or models: shapes are numbers.
 
+pub mod bind;
 pub mod check;
 pub mod clocks;
 pub mod compile;

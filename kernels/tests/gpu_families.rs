@@ -423,12 +423,9 @@ fn timing_probe() {
 }
 
 fn p_m(p: &Problem) -> (usize, usize, usize) {
-    match p {
-        Problem::Matmul(mp) => (mp.m, mp.n, mp.k),
-    }
+    let (m, n, k, _) = p.columns();
+    (m, n, k)
 }
-fn p_wt(p: &Problem) -> &'static str {
-    match p {
-        Problem::Matmul(mp) => mp.wtype.name(),
-    }
+fn p_wt(p: &Problem) -> String {
+    p.columns().3
 }

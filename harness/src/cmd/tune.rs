@@ -155,6 +155,7 @@ fn untimed_row(
         n: s.n,
         k: s.k,
         wtype: s.wtype_define(),
+        problem: s.problem.describe(),
         regime: rname(regime).to_string(),
         regime_label: String::new(),
         verdict: verdict.to_string(),

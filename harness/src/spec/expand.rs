@@ -10,7 +10,7 @@
 use super::family::{FamilySpec, SHAPE_BOUND_DEFINES};
 use super::shapes::Shape;
 use gemtune_kernels::defines::{canonical, DefineValue, Defines};
-use gemtune_kernels::family::{Contract, DeviceLimits, Family, LaunchGeometry};
+use gemtune_kernels::family::{Contract, DeviceLimits, Family, LaunchGeometry, ProblemKind};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
@@ -118,8 +118,12 @@ pub fn expand(spec: &FamilySpec) -> Vec<Point> {
 /// the shape-bound ones the family declares.
 pub fn resolve(p: &Point, shape: &Shape, declared: &[String]) -> Defines {
     let mut d = p.defines.clone();
+    let bound = match shape.kind() {
+        ProblemKind::Attention => "KV_TYPE",
+        ProblemKind::Matmul | ProblemKind::Rows => "WTYPE",
+    };
     for &b in SHAPE_BOUND_DEFINES {
-        if declared.iter().any(|x| x == b) {
+        if b == bound && declared.iter().any(|x| x == b) {
             d.insert(b.to_string(), DefineValue::Str(shape.wtype_define()));
         }
     }

@@ -22,8 +22,8 @@
 //! BM = [64, 128]
 //! ```
 //!
-//! `WTYPE` is bound to the shape: the harness sets it from the shape's weight
-//! type, so a spec must not set it (a variant that only supports one type is
+//! `WTYPE` and `KV_TYPE` are bound to the shape: the harness sets them from
+//! the shape's weight (or table) type and K/V type, so a spec must not set them (a variant that only supports one type is
 //! rejected on the others by the family's `validate`, with its reason).
 
 use super::doc::{as_array, as_define, as_str, SpecError, Src, Tab};
@@ -33,7 +33,9 @@ use std::collections::BTreeMap;
 use toml::de::DeValue;
 
 /// Defines the harness sets from the shape, never from the spec.
-pub const SHAPE_BOUND_DEFINES: &[&str] = &["WTYPE"];
+/// `WTYPE`: the weight type of a matmul shape or the table type of a
+/// row-wise shape; `KV_TYPE`: the K/V cache type of an attention shape.
+pub const SHAPE_BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE"];
 
 /// A define as written in the spec, with the line it is on.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,8 +142,8 @@ fn read_defines(src: Src<'_>, tab: &mut Tab<'_, '_>) -> Result<Vec<SpecDefine>, 
             return Err(src.err(
                 k.span(),
                 format!(
-                    "define {name} is set from each shape's weight type; remove it from the spec \
-                     (choose weight types in the shapes file)"
+                    "define {name} is set from each shape's type; remove it from the spec \
+                     (choose weight and K/V types in the shapes file)"
                 ),
             ));
         }
@@ -292,7 +294,9 @@ impl FamilySpec {
                     if SHAPE_BOUND_DEFINES.contains(&name.as_str()) {
                         return Err(src.err(
                             key.span(),
-                            format!("define {name} is set from each shape's weight type; it cannot be swept"),
+                            format!(
+                                "define {name} is set from each shape's type; it cannot be swept"
+                            ),
                         ));
                     }
                     let arr = as_array(src, val, &name)?;

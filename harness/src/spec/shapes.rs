@@ -8,25 +8,91 @@
 //! e4b.ffn_up = { m = "N", n = 10240, k = 2560, wtype = "Q8_0", from = "blk.*.ffn_up.weight, E4B" }
 //! ```
 //!
-//! `m` (tokens) is a name from `[tokens]`, an integer, or an array of
-//! integers. Dotted names (`e4b.ffn_up`) may be written bare: a table with
+//! Attention shapes name `heads`, `kv_heads`, `head_dim` and optionally
+//! `window`, `q_pos0`, `capacity` (0 or absent: a linear cache) and `kv`
+//! (F16, BF16, F32); row-wise shapes name `width` and optionally `dtype` and
+//! `aux` (see `gemtune_kernels::family::RowsProblem`):
+//!
+//! ```toml
+//! e4b.swa = { m = "T", heads = 8, kv_heads = 2, head_dim = 256, window = 512 }
+//! e4b.norm = { m = "N", width = 2560 }
+//! ```
+//!
+//! `m` (tokens: matmul tokens, attention query tokens, rows) is a name from
+//! `[tokens]`, an integer, or an array of integers. Dotted names (`e4b.ffn_up`) may be written bare: a table with
 //! an `n` key is a shape, any other table is a group of shapes. Each shape
 //! expands to one concrete problem per token count, named `e4b.ffn_up@m=2048`.
 
 use super::doc::{as_array, as_i64, SpecError, Src, Tab};
-use gemtune_kernels::family::Problem;
+use gemtune_kernels::family::{AttnProblem, KvType, Problem, ProblemKind, RowsProblem};
 use gemtune_kernels::quant::GgmlType;
 use toml::de::DeValue;
+
+/// What a shape definition describes besides its token counts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ShapeBody {
+    /// `n`, `k`, `wtype`: a matmul over `m` tokens.
+    Matmul { n: usize, k: usize, wtype: GgmlType },
+    /// `heads`, `kv_heads`, `head_dim`, `window`, `q_pos0`, `capacity`, `kv`:
+    /// an attention call with `m` query tokens (capacity 0: a linear cache
+    /// of `q_pos0 + m` slots).
+    Attention {
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        window: usize,
+        q_pos0: usize,
+        capacity: usize,
+        kv_type: KvType,
+    },
+    /// `width`, `dtype`, `aux`: `m` rows of a row-wise kernel.
+    Rows {
+        width: usize,
+        dtype: GgmlType,
+        aux: usize,
+    },
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShapeDef {
     pub name: String,
     pub ms: Vec<usize>,
-    pub n: usize,
-    pub k: usize,
-    pub wtype: GgmlType,
+    pub body: ShapeBody,
     pub from: String,
     pub line: usize,
+}
+
+impl ShapeDef {
+    /// The problem at `m` tokens (query tokens, rows).
+    pub fn problem(&self, m: usize) -> Problem {
+        match self.body {
+            ShapeBody::Matmul { n, k, wtype } => Problem::matmul(m, n, k, wtype),
+            ShapeBody::Attention {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                window,
+                q_pos0,
+                capacity,
+                kv_type,
+            } => Problem::Attention(AttnProblem {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                window,
+                q_pos0,
+                n_q: m,
+                capacity: if capacity == 0 { q_pos0 + m } else { capacity },
+                kv_type,
+            }),
+            ShapeBody::Rows { width, dtype, aux } => Problem::Rows(RowsProblem {
+                rows: m,
+                width,
+                dtype,
+                aux,
+            }),
+        }
+    }
 }
 
 /// One concrete problem.
@@ -35,20 +101,69 @@ pub struct Shape {
     /// `base@m=M`
     pub name: String,
     pub base: String,
+    pub problem: Problem,
+    /// The report columns of the problem (`Problem::columns`): for matmuls
+    /// tokens, output and input features; for attention query tokens, keys
+    /// and head dim; for row-wise kernels rows, width and aux.
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    pub wtype: GgmlType,
     pub from: String,
 }
 
 impl Shape {
-    pub fn problem(&self) -> Problem {
-        Problem::matmul(self.m, self.n, self.k, self.wtype)
+    pub fn new(name: String, base: String, problem: Problem, from: String) -> Shape {
+        let (m, n, k, _) = problem.columns();
+        Shape {
+            name,
+            base,
+            problem,
+            m,
+            n,
+            k,
+            from,
+        }
     }
-    /// The `WTYPE` define value for this shape ("Q8_0").
+    pub fn problem(&self) -> Problem {
+        self.problem
+    }
+    pub fn kind(&self) -> ProblemKind {
+        self.problem.kind()
+    }
+    /// The type column and shape-bound define value: the weight type of a
+    /// matmul ("Q8_0"), the K/V type of attention ("F16"), the table type of
+    /// a row-wise kernel.
     pub fn wtype_define(&self) -> String {
-        self.wtype.name().to_uppercase()
+        self.problem.columns().3
+    }
+    /// The weight type of a matmul shape.
+    pub fn wtype(&self) -> Option<GgmlType> {
+        match self.problem {
+            Problem::Matmul(mp) => Some(mp.wtype),
+            _ => None,
+        }
+    }
+    /// The same shape with its token count capped at `cap` (checks keep the
+    /// f64 oracle affordable this way): fewer tokens for a matmul or rows;
+    /// for attention the last `cap` queries, so the keys, the window and
+    /// the ring are those of the full call.
+    pub fn capped(&self, cap: usize) -> Option<Problem> {
+        match self.problem {
+            Problem::Matmul(mut mp) if mp.m > cap => {
+                mp.m = cap;
+                Some(Problem::Matmul(mp))
+            }
+            Problem::Attention(mut a) if a.n_q > cap => {
+                a.q_pos0 += a.n_q - cap;
+                a.n_q = cap;
+                Some(Problem::Attention(a))
+            }
+            Problem::Rows(mut r) if r.rows > cap => {
+                r.rows = cap;
+                Some(Problem::Rows(r))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -57,6 +172,19 @@ pub struct ShapesFile {
     pub file: String,
     pub sha256: String,
     pub defs: Vec<ShapeDef>,
+}
+
+fn non_negative(
+    src: Src<'_>,
+    v: Option<&super::doc::SVal<'_>>,
+    what: &str,
+) -> Result<usize, SpecError> {
+    let Some(v) = v else { return Ok(0) };
+    let x = as_i64(src, v, what)?;
+    if x < 0 {
+        return Err(src.err(v.span(), format!("`{what}` must be 0 or more, got {x}")));
+    }
+    Ok(x as usize)
 }
 
 fn positive(src: Src<'_>, v: &super::doc::SVal<'_>, what: &str) -> Result<usize, SpecError> {
@@ -105,15 +233,12 @@ impl ShapesFile {
         let mut out = Vec::new();
         for d in &self.defs {
             for &m in &d.ms {
-                out.push(Shape {
-                    name: format!("{}@m={m}", d.name),
-                    base: d.name.clone(),
-                    m,
-                    n: d.n,
-                    k: d.k,
-                    wtype: d.wtype,
-                    from: d.from.clone(),
-                });
+                out.push(Shape::new(
+                    format!("{}@m={m}", d.name),
+                    d.name.clone(),
+                    d.problem(m),
+                    d.from.clone(),
+                ));
             }
         }
         out
@@ -133,7 +258,10 @@ fn walk(
             format!("shape `{prefix}` must be a table like {{ m = \"N\", n = 10240, k = 2560, wtype = \"Q8_0\" }}"),
         ));
     };
-    if tab.get("n").is_some() {
+    let is_shape = ["n", "heads", "width"]
+        .iter()
+        .any(|k| tab.get(*k).is_some());
+    if is_shape {
         let what = format!("shape `{prefix}`");
         let mut t = Tab::new(src, tab, what.clone());
         let mv = t.req("m")?;
@@ -154,11 +282,60 @@ fn walk(
             }
             _ => vec![positive(src, mv, "m")?],
         };
-        let n = positive(src, t.req("n")?, "n")?;
-        let k = positive(src, t.req("k")?, "k")?;
-        let (w, wspan) = t.str_req("wtype")?;
-        let wtype = GgmlType::from_name(&w)
-            .ok_or_else(|| src.err(wspan, format!("wtype `{w}` is not a ggml type name")))?;
+        let ggml = |t: &mut Tab<'_, '_>, key: &str| -> Result<GgmlType, SpecError> {
+            let (w, wspan) = t.str_req(key)?;
+            GgmlType::from_name(&w.to_ascii_lowercase())
+                .ok_or_else(|| src.err(wspan, format!("{key} `{w}` is not a ggml type name")))
+        };
+        let (body, keys) = if tab.get("n").is_some() {
+            let n = positive(src, t.req("n")?, "n")?;
+            let k = positive(src, t.req("k")?, "k")?;
+            let wtype = ggml(&mut t, "wtype")?;
+            (ShapeBody::Matmul { n, k, wtype }, "m, n, k, wtype, from")
+        } else if tab.get("heads").is_some() {
+            let n_heads = positive(src, t.req("heads")?, "heads")?;
+            let n_kv_heads = positive(src, t.req("kv_heads")?, "kv_heads")?;
+            let head_dim = positive(src, t.req("head_dim")?, "head_dim")?;
+            let window = non_negative(src, t.get("window"), "window")?;
+            let q_pos0 = non_negative(src, t.get("q_pos0"), "q_pos0")?;
+            let capacity = non_negative(src, t.get("capacity"), "capacity")?;
+            let kv_type = match t.str_opt("kv")? {
+                None => KvType::F16,
+                Some((s, span)) => KvType::from_name(&s).ok_or_else(|| {
+                    src.err(span, format!("kv `{s}` is not one of F16, BF16, F32"))
+                })?,
+            };
+            if n_heads % n_kv_heads != 0 {
+                return Err(src.err(
+                    v.span(),
+                    format!("{what}: kv_heads = {n_kv_heads} does not divide heads = {n_heads}"),
+                ));
+            }
+            (
+                ShapeBody::Attention {
+                    n_heads,
+                    n_kv_heads,
+                    head_dim,
+                    window,
+                    q_pos0,
+                    capacity,
+                    kv_type,
+                },
+                "m, heads, kv_heads, head_dim, window, q_pos0, capacity, kv, from",
+            )
+        } else {
+            let width = positive(src, t.req("width")?, "width")?;
+            let dtype = if t.key_span("dtype").is_some() {
+                ggml(&mut t, "dtype")?
+            } else {
+                GgmlType::F32
+            };
+            let aux = non_negative(src, t.get("aux"), "aux")?;
+            (
+                ShapeBody::Rows { width, dtype, aux },
+                "m, width, dtype, aux, from",
+            )
+        };
         let from = t.str_opt("from")?.map(|(s, _)| s).unwrap_or_default();
         let line = src.line_of(
             &tab.iter()
@@ -166,7 +343,7 @@ fn walk(
                 .min_by_key(|s| s.start)
                 .unwrap_or(0..0),
         );
-        t.finish("m, n, k, wtype, from")?;
+        t.finish(keys)?;
         if let Some(prev) = out.iter().find(|d| d.name == prefix) {
             return Err(src.err(
                 v.span(),
@@ -179,9 +356,7 @@ fn walk(
         out.push(ShapeDef {
             name: prefix.to_string(),
             ms,
-            n,
-            k,
-            wtype,
+            body,
             from,
             line,
         });
@@ -205,7 +380,7 @@ fn walk(
             return Err(src.err(
                 k.span(),
                 format!(
-                    "unknown key `{}` in {} (a shape is a table with m, n, k, wtype, from)",
+                    "unknown key `{}` in {} (a shape is a table with m and n/k/wtype (matmul), heads/kv_heads/head_dim (attention) or width (rows))",
                     k.get_ref(),
                     if prefix.is_empty() {
                         "[shapes]".to_string()

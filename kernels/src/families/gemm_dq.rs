@@ -73,7 +73,7 @@ impl Family for GemmDq {
         p: &Problem,
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p)?;
         let wt = check_wtype(d, mp)?;
         is_bf16(d)?;
         let t = read_tiles(d, lim, 8)?;
@@ -97,7 +97,10 @@ impl Family for GemmDq {
 /// allows ~4x that. The replay differs only by fp32 summation. Shared by
 /// every family that rounds both operands to DQ_TYPE.
 pub(crate) fn dq_tolerance(d: &Defines, p: &Problem) -> Tolerance {
-    rounded_operands_tolerance(is_bf16(d).unwrap_or(true), matmul_of(p).k)
+    rounded_operands_tolerance(
+        is_bf16(d).unwrap_or(true),
+        matmul_of(p).map(|m| m.k).unwrap_or(32),
+    )
 }
 
 /// The bound for a k-long f32-accumulated product of operands rounded to
@@ -132,7 +135,7 @@ pub(crate) fn dq_workload(
     seed: u64,
     zero_y: bool,
 ) -> Result<Box<dyn Workload>, GpuError> {
-    let mp = matmul_of(p);
+    let mp = matmul_of(p).map_err(GpuError::Rejected)?;
     let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
     let bf16 = is_bf16(d).map_err(GpuError::Rejected)?;
     let (m, n, k) = (mp.m, mp.n, mp.k);

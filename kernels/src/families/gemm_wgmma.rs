@@ -67,7 +67,7 @@ impl Family for GemmWgmma {
         p: &Problem,
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p)?;
         let wt = check_wtype(d, mp)?;
         is_bf16(d)?;
         if lim.arch != WGMMA_ARCH {

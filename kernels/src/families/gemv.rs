@@ -53,7 +53,7 @@ impl Family for Gemv {
         }
     }
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
-        let k = matmul_of(p).k;
+        let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
         let fp = fp_rms_bound(k);
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1)));
         match self.contract(d) {
@@ -86,7 +86,7 @@ impl Family for Gemv {
         p: &Problem,
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p)?;
         check_wtype(d, mp)?;
         int_in(d, "ALGO", &[0, 1])?;
         int_in(d, "LAYOUT", &[0, 1])?;
@@ -124,7 +124,7 @@ impl Family for Gemv {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p).map_err(GpuError::Rejected)?;
         let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
         let algo = crate::defines::get_int(d, "ALGO").map_err(GpuError::Rejected)?;
         let layout = crate::defines::get_int(d, "LAYOUT").map_err(GpuError::Rejected)?;

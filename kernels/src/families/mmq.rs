@@ -55,7 +55,7 @@ impl Family for Mmq {
             rms_rel: 1e-2,
             max_rel: 5e-2,
             outlier_frac: 1e-3,
-            replay_rms_rel: fp_rms_bound(matmul_of(p).k),
+            replay_rms_rel: fp_rms_bound(matmul_of(p).map(|m| m.k).unwrap_or(32)),
         }
     }
     fn validate(
@@ -64,7 +64,7 @@ impl Family for Mmq {
         p: &Problem,
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p)?;
         let wt = check_wtype(d, mp)?;
         int_in(d, "EPI", &[0, 1])?;
         let t = read_tiles(d, lim, 8)?;
@@ -80,7 +80,7 @@ impl Family for Mmq {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p).map_err(GpuError::Rejected)?;
         let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
         let (m, n, k) = (mp.m, mp.n, mp.k);
         let inputs = seeded_inputs(self.name(), &[m, n, k, wt as usize], wt, m, n, k, 1, seed)?;

@@ -44,7 +44,7 @@ impl Family for QuantizeQ81 {
         p: &Problem,
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p)?;
         let threads = int_range(d, "THREADS", 32, lim.max_threads_per_block as i64)?;
         if threads % 32 != 0 {
             return Err(format!("THREADS={threads} is not a multiple of 32"));
@@ -75,7 +75,7 @@ impl Family for QuantizeQ81 {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        let mp = matmul_of(p);
+        let mp = matmul_of(p).map_err(GpuError::Rejected)?;
         let mut rng = rng_for(self.name(), &[mp.m, mp.k], seed);
         let x = random_matrix(&mut rng, mp.m, mp.k);
         let (q, ds) = q8_1_replay(&x);

@@ -494,7 +494,7 @@ pub fn check_reference(
     p: &Problem,
     seed: u64,
 ) -> Result<CheckReport, RefError> {
-    let mp = matmul_of(p);
+    let mp = matmul_of(p).map_err(RefError::Unsupported)?;
     kind.supports(mp).map_err(RefError::Unsupported)?;
     let h = host_inputs(kind, mp, seed)?;
     let ops = operands(kind, mp, &h)?;
@@ -534,7 +534,7 @@ pub fn time_reference(
     regime: Regime,
     cfg: &TimingConfig,
 ) -> Result<Timing, RefError> {
-    let mp = matmul_of(p);
+    let mp = matmul_of(p).map_err(RefError::Unsupported)?;
     let mut wl = RefWorkload::new(gpu, cublas, kind, mp, crate::timing::TIMING_SEED)?;
     Ok(time_workload(gpu, &mut wl, regime, cfg)?)
 }
