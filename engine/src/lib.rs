@@ -8,12 +8,15 @@
 //! - `sampler`: greedy / temperature / top-k / top-p / min-p sampling.
 //! - `model`: a loaded model (file, config, tokenizer, weight views).
 //! - `cpu`: the CPU reference forward pass and its KV cache.
+//! - `tuned`: tuned tables (per-shape kernel winners) as the engine reads them.
 
 pub mod config;
 pub mod cpu;
 pub mod gguf;
 pub mod model;
 pub mod plan;
+pub mod profile;
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;
+pub mod tuned;

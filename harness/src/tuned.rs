@@ -11,68 +11,12 @@
 use crate::results::TuneRow;
 use crate::stats::overlaps;
 use anyhow::{anyhow, Context, Result};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-pub const TUNED_SCHEMA_VERSION: u32 = 1;
-
-pub const TIE_BREAK_RULE: &str =
-    "tie band = variants whose 95% CI of the median overlaps the fastest one's; pick fewest registers, then least smem, then lower median, then hash";
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum TunedDefine {
-    Int(i64),
-    Str(String),
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Provenance {
-    pub spec_sha256: String,
-    pub source_sha256: String,
-    pub device: String,
-    pub cc: String,
-    pub driver_version: i32,
-    pub nvrtc_version: String,
-    pub regime_label: String,
-    /// "median 12.3 us, 95% CI [12.1, 12.6], p10 12.0, p90 12.9, 40 samples"
-    pub measured: String,
-    pub median_us: f64,
-    pub ci_lo_us: f64,
-    pub ci_hi_us: f64,
-    /// The report directory the measurement came from.
-    pub run: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TunedEntry {
-    pub family: String,
-    pub shape: String,
-    pub shape_base: String,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub wtype: String,
-    pub regime: String,
-    pub variant: String,
-    pub hash: String,
-    pub defines: BTreeMap<String, TunedDefine>,
-    /// Ids of every variant in the tie band (the winner included).
-    pub tie_band: Vec<String>,
-    /// Fastest median in the band, and the promoted variant's margin to it.
-    pub best_median_us: f64,
-    pub provenance: Provenance,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TunedFile {
-    pub schema_version: u32,
-    pub arch: String,
-    pub tie_break: String,
-    #[serde(default, rename = "entry")]
-    pub entries: Vec<TunedEntry>,
-}
+pub use gemtune_engine::tuned::{
+    read, Provenance, TunedDefine, TunedEntry, TunedFile, TIE_BREAK_RULE, TUNED_SCHEMA_VERSION,
+};
 
 fn parse_defines(canon: &str) -> BTreeMap<String, TunedDefine> {
     canon
@@ -159,12 +103,6 @@ pub fn select_winners(rows: &[TuneRow], run: &str) -> Vec<TunedEntry> {
     out
 }
 
-pub fn read(path: &Path) -> Result<TunedFile> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
-    toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
-}
-
 pub fn write(path: &Path, f: &TunedFile) -> Result<()> {
     let mut text = String::from(
         "# Per-shape kernel winners written by `gemtune tune --promote`; read by the engine.\n\
@@ -182,7 +120,7 @@ pub fn write(path: &Path, f: &TunedFile) -> Result<()> {
 /// the same (family, shape, regime) are replaced; the result is sorted.
 pub fn promote(path: &Path, arch: &str, new: Vec<TunedEntry>) -> Result<TunedFile> {
     let mut f = if path.exists() {
-        read(path)?
+        read(path).map_err(|e| anyhow!("{e}"))?
     } else {
         TunedFile::default()
     };

@@ -162,6 +162,10 @@ impl Gpu {
         self.stream.cu_stream()
     }
 
+    pub(crate) fn cuda_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.bind()?;
         drv("cuStreamSynchronize", self.stream.synchronize())
@@ -260,15 +264,110 @@ impl Gpu {
         Ok(m)
     }
 
-    /// Allocates `bytes` of device memory (uninitialised).
+    /// Allocates `bytes` of device memory (uninitialised), stream-ordered on
+    /// this GPU's stream: the memory is ready for every later operation on
+    /// the stream, and `DeviceBuffer::drop` frees it the same way, so a
+    /// free never synchronizes the context (a decode graph can be captured
+    /// while buffers come and go).
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, GpuError> {
         self.bind()?;
-        // SAFETY: plain allocation; freed in DeviceBuffer::drop.
-        let ptr = drv("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(16)) })?;
+        // SAFETY: stream-ordered allocation on this GPU's live stream; freed
+        // once, on the same stream, in DeviceBuffer::drop.
+        let ptr = drv("cuMemAllocAsync", unsafe {
+            result::malloc_async(self.stream(), bytes.max(16))
+        })?;
         Ok(DeviceBuffer {
             ctx: self.ctx.clone(),
+            stream: self.stream.clone(),
             ptr,
             bytes,
+        })
+    }
+
+    /// Enqueues a copy of `data` into `dst` at byte `offset` on the stream,
+    /// from page-locked host memory, so the call returns at once. The caller
+    /// keeps `data` unchanged until the stream has passed the copy.
+    pub fn write_async<T: Copy>(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        data: &crate::runtime::PinnedBuf<T>,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        let n = len * std::mem::size_of::<T>();
+        if len > data.len() || offset + n > dst.bytes {
+            return Err(GpuError::Other(format!(
+                "async write of {n} bytes at {offset} past a {}-byte buffer (or {len} > {} staged)",
+                dst.bytes,
+                data.len()
+            )));
+        }
+        self.bind()?;
+        // SAFETY: bounds checked above; the pinned source lives in `data`,
+        // which the caller keeps until the stream passes the copy.
+        drv("cuMemcpyHtoDAsync", unsafe {
+            result::memcpy_htod_async(
+                dst.ptr + offset as u64,
+                &data.as_slice()[..len],
+                self.stream(),
+            )
+        })
+    }
+
+    /// Enqueues a copy of `len` elements of `src` (from byte `offset`) into
+    /// page-locked host memory; read `dst` after synchronizing the stream.
+    pub fn read_async<T: Copy>(
+        &self,
+        src: &DeviceBuffer,
+        offset: usize,
+        dst: &mut crate::runtime::PinnedBuf<T>,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        let n = len * std::mem::size_of::<T>();
+        if len > dst.len() || offset + n > src.bytes {
+            return Err(GpuError::Other(format!(
+                "async read of {n} bytes at {offset} past a {}-byte buffer (or {len} > {} staged)",
+                src.bytes,
+                dst.len()
+            )));
+        }
+        self.bind()?;
+        // SAFETY: bounds checked above; the pinned destination outlives the
+        // copy because the caller synchronizes before reading or dropping it.
+        drv("cuMemcpyDtoHAsync", unsafe {
+            result::memcpy_dtoh_async(
+                &mut dst.as_mut_slice()[..len],
+                src.ptr + offset as u64,
+                self.stream(),
+            )
+        })
+    }
+
+    /// Enqueues a device-to-device copy of `bytes` bytes between two buffer
+    /// ranges on the stream.
+    pub fn copy_range(
+        &self,
+        dst: &DeviceBuffer,
+        dst_offset: usize,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), GpuError> {
+        if dst_offset + bytes > dst.bytes || src_offset + bytes > src.bytes {
+            return Err(GpuError::Other(format!(
+                "copy of {bytes} bytes out of range ({}+{bytes} of {}, {}+{bytes} of {})",
+                dst_offset, dst.bytes, src_offset, src.bytes
+            )));
+        }
+        self.bind()?;
+        // SAFETY: both ranges were checked against their buffers.
+        drv("cuMemcpyDtoDAsync", unsafe {
+            result::memcpy_dtod_async(
+                dst.ptr + dst_offset as u64,
+                src.ptr + src_offset as u64,
+                bytes,
+                self.stream(),
+            )
         })
     }
 
@@ -339,6 +438,16 @@ impl Gpu {
     /// Enqueues one launch of `geo.kernel` from `m` with the given arguments.
     pub fn launch(&self, m: &Module, geo: &LaunchGeometry, args: &[KArg]) -> Result<(), GpuError> {
         let f = m.function(&geo.kernel)?;
+        self.launch_function(f, geo, args)
+    }
+
+    /// Enqueues one launch of a resolved function (no name lookup).
+    pub(crate) fn launch_function(
+        &self,
+        f: sys::CUfunction,
+        geo: &LaunchGeometry,
+        args: &[KArg],
+    ) -> Result<(), GpuError> {
         let mut vals: Vec<[u64; 1]> = args
             .iter()
             .map(|a| match *a {
@@ -387,8 +496,8 @@ impl Gpu {
         Ok(n.max(0) as u32)
     }
 
-    /// A fresh event pair recorder on this GPU's stream.
-    pub(crate) fn event(&self) -> Result<Event, GpuError> {
+    /// A fresh event on this GPU's context (timing enabled).
+    pub fn event(&self) -> Result<Event, GpuError> {
         self.bind()?;
         let e = drv(
             "cuEventCreate",
@@ -400,7 +509,8 @@ impl Gpu {
         })
     }
 
-    pub(crate) fn record(&self, e: &Event) -> Result<(), GpuError> {
+    /// Records `e` on this GPU's stream.
+    pub fn record(&self, e: &Event) -> Result<(), GpuError> {
         // SAFETY: both handles are live.
         drv("cuEventRecord", unsafe {
             result::event::record(e.ev, self.stream())
@@ -434,7 +544,7 @@ pub struct Module {
 
 impl Module {
     /// The entry `name`, one of the kernels `Gpu::load` found in the cubin.
-    pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, GpuError> {
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction, GpuError> {
         self.functions.get(name).copied().ok_or_else(|| {
             GpuError::Other(format!(
                 "kernel {name} is not in the loaded module (it has: {})",
@@ -455,9 +565,11 @@ impl Drop for Module {
     }
 }
 
-/// Raw device memory owned by this handle.
+/// Raw device memory owned by this handle, allocated and freed in the
+/// order of the owning `Gpu`'s stream.
 pub struct DeviceBuffer {
     ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
     ptr: sys::CUdeviceptr,
     bytes: usize,
 }
@@ -477,21 +589,24 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated with cuMemAlloc in Gpu::alloc, freed once here;
-        // the context is synchronised so no kernel still reads it.
-        let _ = self.ctx.synchronize();
-        let _ = unsafe { result::free_sync(self.ptr) };
+        // SAFETY: allocated with cuMemAllocAsync on this stream in
+        // Gpu::alloc and freed once here, in stream order: work already
+        // enqueued on the stream that reads the buffer completes first, and
+        // nothing synchronizes. (No buffer is dropped while its stream is
+        // being captured: the engine allocates everything before capture.)
+        let _ = unsafe { result::free_async(self.ptr, self.stream.cu_stream()) };
     }
 }
 
-pub(crate) struct Event {
+/// A CUDA event (timing enabled), recorded on a `Gpu`'s stream.
+pub struct Event {
     ctx: Arc<CudaContext>,
     pub(crate) ev: sys::CUevent,
 }
 
 impl Event {
-    /// Milliseconds from `self` to `end` (both must have completed).
-    pub(crate) fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
+    /// Milliseconds from `self` to `end`; waits for `end` to complete.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
         // SAFETY: both events are live and were recorded on one stream.
         drv("cuEventSynchronize", unsafe {
             result::event::synchronize(end.ev)

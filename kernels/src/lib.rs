@@ -27,6 +27,7 @@ pub mod gpu;
 pub mod oracle;
 pub mod quant;
 pub mod reference;
+pub mod runtime;
 pub mod source;
 pub mod timing;
 pub mod workload;

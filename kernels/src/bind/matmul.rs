@@ -1,2 +1,324 @@
-//! Calling convention of the matmul families (`quantize_q8_1`, `gemv`,
-//! `mmq`, `gemm_dq`, `gemm_wgmma`): see `docs/calling-convention.md`.
+//! Calling convention of the matmul families: `y[m][n] = sum_k x[m][k] *
+//! W[n][k]` with y f32 `[m][n]`.
+//!
+//! `MatmulBinding::of(family, defines)` says, for one variant, how its
+//! weights must be laid out in device memory, which activation format it
+//! reads (and so which pre-pass produces it), whether `y` must be zeroed
+//! before every call, and how many weight matrices it takes (the fused
+//! gate+up GEMV takes two). `MatmulBinding::kargs` builds the parameter list
+//! of the main kernel; `prepass_kargs` those of the pre-pass.
+
+use super::{i32_arg, ptr, Act, ActFormat, DevPtr, NULL};
+use crate::defines::{get_int, get_str, Defines};
+use crate::gpu::KArg;
+
+/// How a weight matrix `[n][k]` sits in device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightLayout {
+    /// GGUF blocks as in the file (Q8_0: 34 bytes, Q4_0: 18 bytes per 32).
+    GgufBlocks,
+    /// A quant plane (`[n][k]` int8 for Q8_0, `[n][k/2]` nibbles in GGUF
+    /// block order for Q4_0) and a scale plane `[n][k/32]` in `scales`.
+    Planes { scales: ScaleType },
+}
+
+/// Element type of a scale plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleType {
+    F16,
+    F32,
+}
+
+/// Device addresses of one weight matrix in its layout: `q` is the GGUF
+/// blocks or the quant plane, `d` the scale plane (`NULL` for blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Weights {
+    pub q: DevPtr,
+    pub d: DevPtr,
+}
+
+/// The matmul families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulFamily {
+    Gemv,
+    Mmq,
+    GemmDq,
+    GemmWgmma,
+}
+
+impl MatmulFamily {
+    pub fn from_name(name: &str) -> Option<MatmulFamily> {
+        match name {
+            "gemv" => Some(MatmulFamily::Gemv),
+            "mmq" => Some(MatmulFamily::Mmq),
+            "gemm_dq" => Some(MatmulFamily::GemmDq),
+            "gemm_wgmma" => Some(MatmulFamily::GemmWgmma),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulFamily::Gemv => "gemv",
+            MatmulFamily::Mmq => "mmq",
+            MatmulFamily::GemmDq => "gemm_dq",
+            MatmulFamily::GemmWgmma => "gemm_wgmma",
+        }
+    }
+}
+
+/// The pre-pass that turns f32 activations into what a variant reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Prepass {
+    /// None: the kernel reads f32 activations.
+    None,
+    /// `quantize_q8_1` (its own family and module): `(x, q, ds, m*k as u64)`.
+    QuantizeQ8_1,
+    /// `gemm_dq_convert`, an entry of the variant's own module:
+    /// `(x, xh, m*k/2 as u64)`.
+    DqConvert,
+}
+
+/// One matmul variant's calling convention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulBinding {
+    pub family: MatmulFamily,
+    pub layout: WeightLayout,
+    pub act: ActFormat,
+    pub prepass: Prepass,
+    /// The kernel adds into `y` (split-K): zero it before every call.
+    pub zero_output: bool,
+    /// Weight matrices per call: 2 for the fused gate+up GEMV, which
+    /// writes `gelu_tanh(W0 x) * (W1 x)`.
+    pub matrices: usize,
+}
+
+impl MatmulBinding {
+    /// The binding of `family` with `defines` (the variant's full defines).
+    pub fn of(family: &str, d: &Defines) -> Result<MatmulBinding, String> {
+        let fam = MatmulFamily::from_name(family)
+            .ok_or_else(|| format!("{family} is not a matmul family"))?;
+        let dq_act = || -> Result<ActFormat, String> {
+            match get_str(d, "DQ_TYPE")?.as_str() {
+                "F16" => Ok(ActFormat::DqF16),
+                "BF16" => Ok(ActFormat::DqBf16),
+                o => Err(format!("DQ_TYPE={o} is not F16 or BF16")),
+            }
+        };
+        Ok(match fam {
+            MatmulFamily::Gemv => {
+                let q8 = get_int(d, "ALGO")? == 1;
+                MatmulBinding {
+                    family: fam,
+                    layout: if get_int(d, "LAYOUT")? == 0 {
+                        WeightLayout::GgufBlocks
+                    } else {
+                        WeightLayout::Planes {
+                            scales: ScaleType::F16,
+                        }
+                    },
+                    act: if q8 { ActFormat::Q8_1 } else { ActFormat::F32 },
+                    prepass: if q8 {
+                        Prepass::QuantizeQ8_1
+                    } else {
+                        Prepass::None
+                    },
+                    zero_output: false,
+                    matrices: if get_int(d, "FUSE")? == 1 { 2 } else { 1 },
+                }
+            }
+            MatmulFamily::Mmq => MatmulBinding {
+                family: fam,
+                layout: WeightLayout::Planes {
+                    scales: ScaleType::F32,
+                },
+                act: ActFormat::Q8_1,
+                prepass: Prepass::QuantizeQ8_1,
+                zero_output: false,
+                matrices: 1,
+            },
+            MatmulFamily::GemmDq => MatmulBinding {
+                family: fam,
+                layout: WeightLayout::Planes {
+                    scales: ScaleType::F32,
+                },
+                act: dq_act()?,
+                prepass: Prepass::DqConvert,
+                zero_output: false,
+                matrices: 1,
+            },
+            MatmulFamily::GemmWgmma => MatmulBinding {
+                family: fam,
+                layout: WeightLayout::Planes {
+                    scales: ScaleType::F32,
+                },
+                act: dq_act()?,
+                prepass: Prepass::DqConvert,
+                zero_output: get_int(d, "KSPLIT")? > 1,
+                matrices: 1,
+            },
+        })
+    }
+
+    /// The main kernel's parameters. `w` holds `self.matrices` weights; `x`
+    /// is in `self.act`.
+    pub fn kargs(
+        &self,
+        w: &[Weights],
+        x: &Act,
+        y: DevPtr,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Vec<KArg>, String> {
+        if w.len() != self.matrices {
+            return Err(format!(
+                "{} takes {} weight matrices, got {}",
+                self.family.name(),
+                self.matrices,
+                w.len()
+            ));
+        }
+        if x.format != self.act {
+            return Err(format!(
+                "{} reads {:?} activations, got {:?}",
+                self.family.name(),
+                self.act,
+                x.format
+            ));
+        }
+        let (mi, ni, ki) = (i32_arg(m), i32_arg(n), i32_arg(k));
+        Ok(match self.family {
+            // gemv_nM(wq, wd, wq2, wd2, x, xq, xds, y, n, k)
+            MatmulFamily::Gemv => {
+                let w2 = w.get(1).copied().unwrap_or(Weights { q: NULL, d: NULL });
+                let (xf, xq, xds) = match self.act {
+                    ActFormat::F32 => (x.data, NULL, NULL),
+                    _ => (NULL, x.data, x.scales),
+                };
+                vec![
+                    ptr(w[0].q),
+                    ptr(w[0].d),
+                    ptr(w2.q),
+                    ptr(w2.d),
+                    ptr(xf),
+                    ptr(xq),
+                    ptr(xds),
+                    ptr(y),
+                    ni,
+                    ki,
+                ]
+            }
+            // mmq_gemm(wq, wd, xq, xds, y, M, N, K)
+            MatmulFamily::Mmq => vec![
+                ptr(w[0].q),
+                ptr(w[0].d),
+                ptr(x.data),
+                ptr(x.scales),
+                ptr(y),
+                mi,
+                ni,
+                ki,
+            ],
+            // gemm_dq / gemm_wgmma(wq, wd, xh, y, M, N, K)
+            MatmulFamily::GemmDq | MatmulFamily::GemmWgmma => {
+                vec![ptr(w[0].q), ptr(w[0].d), ptr(x.data), ptr(y), mi, ni, ki]
+            }
+        })
+    }
+
+    /// The pre-pass parameters turning f32 `x` (`[m][k]`, contiguous) into
+    /// `out` (this binding's format); `None` when there is no pre-pass.
+    pub fn prepass_kargs(&self, x: DevPtr, out: &Act, m: usize, k: usize) -> Option<Vec<KArg>> {
+        match self.prepass {
+            Prepass::None => None,
+            Prepass::QuantizeQ8_1 => Some(vec![
+                ptr(x),
+                ptr(out.data),
+                ptr(out.scales),
+                KArg::U64((m * k) as u64),
+            ]),
+            Prepass::DqConvert => Some(vec![ptr(x), ptr(out.data), KArg::U64((m * k / 2) as u64)]),
+        }
+    }
+
+    /// Geometry of the `gemm_dq_convert` pre-pass for `m*k` values.
+    pub fn dq_convert_geometry(m: usize, k: usize) -> crate::family::LaunchGeometry {
+        let pairs = (m * k / 2) as u64;
+        crate::family::LaunchGeometry {
+            kernel: "gemm_dq_convert".into(),
+            grid: (pairs.div_ceil(256) as u32, 1, 1),
+            block: (256, 1, 1),
+            dyn_smem: 0,
+        }
+    }
+
+    /// Bytes of the device copy of an `[n][k]` weight in this layout
+    /// (quant plane or blocks, then scales).
+    pub fn weight_bytes(&self, wt: crate::family::WType, n: usize, k: usize) -> (usize, usize) {
+        let nb = n * k / 32;
+        match self.layout {
+            WeightLayout::GgufBlocks => (nb * wt.ggml().type_size(), 0),
+            WeightLayout::Planes { scales } => (
+                nb * wt.quant_bytes_per_block(),
+                nb * match scales {
+                    ScaleType::F16 => 2,
+                    ScaleType::F32 => 4,
+                },
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::defines::defines;
+    use crate::family::{family, WType};
+    use crate::quant::GgmlType;
+
+    #[test]
+    fn every_matmul_default_binds() {
+        for name in ["gemv", "mmq", "gemm_dq", "gemm_wgmma"] {
+            let f = family(name).expect("registered");
+            let d = f.default_defines(GgmlType::Q8_0);
+            let b = MatmulBinding::of(name, &d).expect(name);
+            assert_eq!(b.family.name(), name);
+            let w = vec![Weights { q: 16, d: 32 }; b.matrices];
+            let x = Act {
+                format: b.act,
+                data: 64,
+                scales: 128,
+            };
+            let args = b.kargs(&w, &x, 256, 4, 8, 64).expect("kargs");
+            assert!(args.len() >= 7, "{name}: {} args", args.len());
+        }
+    }
+
+    #[test]
+    fn gemv_fuse_takes_two_matrices_and_split_k_zeroes() {
+        let mut d = family("gemv")
+            .expect("gemv")
+            .default_defines(GgmlType::Q4_0);
+        d.insert("FUSE".into(), 1i64.into());
+        let b = MatmulBinding::of("gemv", &d).expect("bind");
+        assert_eq!(b.matrices, 2);
+        let x = Act {
+            format: b.act,
+            data: 1,
+            scales: 2,
+        };
+        assert!(b.kargs(&[Weights { q: 1, d: 2 }], &x, 3, 1, 8, 32).is_err());
+        let mut w = family("gemm_wgmma")
+            .expect("wgmma")
+            .default_defines(GgmlType::Q8_0);
+        w.insert("KSPLIT".into(), 2i64.into());
+        assert!(
+            MatmulBinding::of("gemm_wgmma", &w)
+                .expect("bind")
+                .zero_output
+        );
+        let b = MatmulBinding::of("mmq", &defines([("EPI", 0i64)])).expect("mmq");
+        assert_eq!(b.weight_bytes(WType::Q8_0, 4, 64), (256, 32));
+        assert!(MatmulBinding::of("rmsnorm", &Defines::new()).is_err());
+    }
+}

@@ -7,13 +7,15 @@
 use super::gemv::fp_rms_bound;
 use super::mmq::scales_f32;
 use super::tiles::{bkw, geometry, pad16, read_tiles};
-use super::{matmul_f64, memo, seeded_inputs, Arg, Launch, MatmulWorkload};
+use super::{matmul_f64, memo, seeded_inputs, MatmulWorkload};
+use crate::bind::matmul::MatmulBinding;
+use crate::bind::{Act, NULL};
 use crate::check::Tolerance;
 use crate::defines::{defines, get_str, DefineValue, Defines};
 use crate::family::{
     check_wtype, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
 };
-use crate::gpu::{Gpu, GpuError, KArg};
+use crate::gpu::{Gpu, GpuError};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::quant::GgmlType;
 use crate::workload::{OpKind, WeightSet, Workload};
@@ -88,7 +90,7 @@ impl Family for GemmDq {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        dq_workload(self, gpu, d, p, geo, seed, false)
+        dq_workload(self, gpu, d, p, geo, seed)
     }
 }
 
@@ -123,9 +125,8 @@ pub(crate) fn rounded_operands_tolerance(bf16: bool, k: usize) -> Tolerance {
 /// Inputs, reference and launch for a GEMM over gemm_dq's operands: weight
 /// planes (quants, f32 scales), activations converted once by the
 /// `gemm_dq_convert` pre-pass (dq_convert.cuh, part of `f`'s module) into
-/// the k-permuted DQ_TYPE layout, and a kernel with the argument list
-/// (wq, wd, xh, y, M, N, K). `zero_y`: the kernel adds into y (split-K), so
-/// every call zeroes it first.
+/// the k-permuted DQ_TYPE layout, launched through the family's
+/// `MatmulBinding` (which also says whether y is zeroed before every call).
 pub(crate) fn dq_workload(
     f: &dyn Family,
     gpu: &Gpu,
@@ -133,7 +134,6 @@ pub(crate) fn dq_workload(
     p: &Problem,
     geo: &LaunchGeometry,
     seed: u64,
-    zero_y: bool,
 ) -> Result<Box<dyn Workload>, GpuError> {
     let mp = matmul_of(p).map_err(GpuError::Rejected)?;
     let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
@@ -160,14 +160,16 @@ pub(crate) fn dq_workload(
         gpu.arch(),
         crate::compile::default_cache_dir().as_deref(),
     )?)?;
-    let pairs = (m * k / 2) as u64;
-    let cgeo = LaunchGeometry {
-        kernel: "gemm_dq_convert".into(),
-        grid: (pairs.div_ceil(256) as u32, 1, 1),
-        block: (256, 1, 1),
-        dyn_smem: 0,
+    let binding = MatmulBinding::of(f.name(), d).map_err(GpuError::Rejected)?;
+    let act = Act {
+        format: binding.act,
+        data: xh.ptr(),
+        scales: NULL,
     };
-    gpu.launch(&module, &cgeo, &[x_dev.arg(), xh.arg(), KArg::U64(pairs)])?;
+    let pre = binding
+        .prepass_kargs(x_dev.ptr(), &act, m, k)
+        .ok_or_else(|| GpuError::Other(format!("{}: no activation pre-pass", f.name())))?;
+    gpu.launch(&module, &MatmulBinding::dq_convert_geometry(m, k), &pre)?;
     gpu.synchronize()?;
     let y = gpu.alloc(m * n * 4)?;
     let key = format!("dq {m} {n} {k} {wt:?} {seed}");
@@ -181,27 +183,19 @@ pub(crate) fn dq_workload(
         });
         ((*r).clone(), Some((*rp).clone()))
     });
-    let main = Launch {
-        geo: geo.clone(),
-        args: vec![
-            Arg::W(0),
-            Arg::W(1),
-            Arg::A(0),
-            Arg::Y,
-            Arg::I32(m as i32),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-        ],
-    };
     Ok(Box::new(MatmulWorkload {
         weights: WeightSet::new(planes),
-        acts: vec![xh],
+        _acts: vec![xh],
+        act,
         y,
-        main,
+        geo: geo.clone(),
+        binding,
+        m,
+        n,
+        k,
         reference,
         bytes: weight_bytes + (m * k * 2 + m * n * 4) as u64,
         ops: 2 * (m * n * k) as u64,
         op_kind: OpKind::Flop,
-        zero_y,
     }))
 }

@@ -114,9 +114,8 @@ impl Family for GemmWgmma {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        // Split-K accumulates into y, so each call zeroes it first.
-        let split = crate::defines::get_int(d, "KSPLIT").map_err(GpuError::Rejected)? > 1;
-        dq_workload(self, gpu, d, p, geo, seed, split)
+        // Split-K's zeroing of y is part of the binding.
+        dq_workload(self, gpu, d, p, geo, seed)
     }
 }
 

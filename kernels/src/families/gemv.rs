@@ -2,9 +2,11 @@
 //! activations, optional gate+up+GELU fusion. See kernels/cuda/gemv.cu.
 
 use super::{
-    ds_words, gelu_tanh_f64, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs, Arg,
-    Launch, MatmulWorkload, QWeights,
+    ds_words, gelu_tanh_f64, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs,
+    MatmulWorkload, QWeights,
 };
+use crate::bind::matmul::MatmulBinding;
+use crate::bind::{Act, ActFormat};
 use crate::check::Tolerance;
 use crate::defines::{defines, DefineValue, Defines};
 use crate::family::{
@@ -195,38 +197,26 @@ impl Family for Gemv {
             ((*r).clone(), replay)
         });
         let y = gpu.alloc(m * n * 4)?;
-        let (wq, wd, wq2, wd2) = match (layout, fuse) {
-            (0, false) => (Arg::W(0), Arg::Null, Arg::Null, Arg::Null),
-            (0, true) => (Arg::W(0), Arg::Null, Arg::W(1), Arg::Null),
-            (_, false) => (Arg::W(0), Arg::W(1), Arg::Null, Arg::Null),
-            (_, true) => (Arg::W(0), Arg::W(1), Arg::W(2), Arg::W(3)),
-        };
-        let (xa, xq, xds) = if algo == 0 {
-            (Arg::A(0), Arg::Null, Arg::Null)
-        } else {
-            (Arg::Null, Arg::A(0), Arg::A(1))
-        };
-        let main = Launch {
-            geo: geo.clone(),
-            args: vec![
-                wq,
-                wd,
-                wq2,
-                wd2,
-                xa,
-                xq,
-                xds,
-                Arg::Y,
-                Arg::I32(n as i32),
-                Arg::I32(k as i32),
-            ],
+        let binding = MatmulBinding::of(self.name(), d).map_err(GpuError::Rejected)?;
+        let act = match binding.act {
+            ActFormat::F32 => Act::f32(acts[0].ptr()),
+            format => Act {
+                format,
+                data: acts[0].ptr(),
+                scales: acts[1].ptr(),
+            },
         };
         let nmat = mats.len() as u64;
         Ok(Box::new(MatmulWorkload {
             weights: WeightSet::new(planes),
-            acts,
+            _acts: acts,
+            act,
             y,
-            main,
+            geo: geo.clone(),
+            binding,
+            m,
+            n,
+            k,
             reference,
             bytes: weight_bytes + act_bytes + (m * n * 4) as u64,
             ops: 2 * (m * n * k) as u64 * nmat,
@@ -235,7 +225,6 @@ impl Family for Gemv {
             } else {
                 OpKind::IntOp
             },
-            zero_y: false,
         }))
     }
 }

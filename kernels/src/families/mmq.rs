@@ -4,9 +4,10 @@
 use super::gemv::fp_rms_bound;
 use super::tiles::{bkw, geometry, pad16, read_tiles};
 use super::{
-    ds_words, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs, Arg, Launch,
-    MatmulWorkload,
+    ds_words, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs, MatmulWorkload,
 };
+use crate::bind::matmul::MatmulBinding;
+use crate::bind::{Act, ActFormat};
 use crate::check::Tolerance;
 use crate::defines::{defines, Defines};
 use crate::family::{
@@ -102,29 +103,26 @@ impl Family for Mmq {
             ((*r).clone(), Some((*rp).clone()))
         });
         let y = gpu.alloc(m * n * 4)?;
-        let main = Launch {
-            geo: geo.clone(),
-            args: vec![
-                Arg::W(0),
-                Arg::W(1),
-                Arg::A(0),
-                Arg::A(1),
-                Arg::Y,
-                Arg::I32(m as i32),
-                Arg::I32(n as i32),
-                Arg::I32(k as i32),
-            ],
+        let binding = MatmulBinding::of(self.name(), d).map_err(GpuError::Rejected)?;
+        let act = Act {
+            format: ActFormat::Q8_1,
+            data: acts[0].ptr(),
+            scales: acts[1].ptr(),
         };
         Ok(Box::new(MatmulWorkload {
             weights: WeightSet::new(planes),
-            acts,
+            _acts: acts,
+            act,
             y,
-            main,
+            geo: geo.clone(),
+            binding,
+            m,
+            n,
+            k,
             reference,
             bytes: weight_bytes + (m * k + m * k / 32 * 8 + m * n * 4) as u64,
             ops: 2 * (m * n * k) as u64,
             op_kind: OpKind::IntOp,
-            zero_y: false,
         }))
     }
 }

@@ -9,6 +9,8 @@ pub mod mmq;
 pub mod quantize_q8_1;
 pub(crate) mod tiles;
 
+use crate::bind::matmul::{MatmulBinding, WeightLayout, Weights};
+use crate::bind::{Act, NULL};
 use crate::check::{compare, CheckReport, Tolerance};
 use crate::family::{Contract, LaunchGeometry, WType};
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
@@ -200,58 +202,49 @@ pub(crate) fn gelu_tanh_f64(x: f64) -> f64 {
     crate::oracle::gelu_tanh(x as f32) as f64
 }
 
-/// One argument of a matmul-family launch.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
-    /// Weight plane `i` of the current copy.
-    W(usize),
-    /// Activation buffer `i`.
-    A(usize),
-    /// The output.
-    Y,
-    Null,
-    I32(i32),
-}
-
-/// A pre-pass launch (e.g. activation conversion) that runs before the main
-/// kernel in checks only; its outputs are activation buffers.
-pub(crate) struct Launch {
-    pub geo: LaunchGeometry,
-    pub args: Vec<Arg>,
-}
-
 pub(crate) type RefFn = Box<dyn Fn() -> (Vec<f64>, Option<Vec<f64>>)>;
 
-/// The workload shared by the matmul families.
+/// The workload shared by the matmul families, launched through the
+/// family's `bind::matmul::MatmulBinding` (the engine's calling convention).
 pub(crate) struct MatmulWorkload {
+    /// Per copy: for each weight matrix its blocks, or its quant and scale
+    /// planes, in the binding's layout.
     pub weights: WeightSet,
-    pub acts: Vec<DeviceBuffer>,
+    /// Owns the activation buffers `act` points into (never read: kept
+    /// alive for the kernel).
+    pub _acts: Vec<DeviceBuffer>,
+    pub act: Act,
     pub y: DeviceBuffer,
-    pub main: Launch,
+    pub geo: LaunchGeometry,
+    pub binding: MatmulBinding,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
     /// Computes (reference, replay) on demand: timing never needs them, and
     /// at prefill shapes they cost far more than the GPU work.
     pub reference: RefFn,
     pub bytes: u64,
     pub ops: u64,
     pub op_kind: OpKind,
-    /// Zero the output before every call (kernels that accumulate into y,
-    /// e.g. split-K); the zeroing is part of the timed call.
-    pub zero_y: bool,
 }
 
 impl MatmulWorkload {
-    fn args(&self, l: &Launch, copy: usize) -> Vec<KArg> {
-        let w = self.weights.get(copy);
-        l.args
-            .iter()
-            .map(|a| match *a {
-                Arg::W(i) => w[i].arg(),
-                Arg::A(i) => self.acts[i].arg(),
-                Arg::Y => self.y.arg(),
-                Arg::Null => KArg::Ptr(0),
-                Arg::I32(v) => KArg::I32(v),
+    fn args(&self, copy: usize) -> Result<Vec<KArg>, GpuError> {
+        let planes = self.weights.get(copy);
+        let per = match self.binding.layout {
+            WeightLayout::GgufBlocks => 1,
+            WeightLayout::Planes { .. } => 2,
+        };
+        let w: Vec<Weights> = planes
+            .chunks(per)
+            .map(|c| Weights {
+                q: c[0].ptr(),
+                d: c.get(1).map(|b| b.ptr()).unwrap_or(NULL),
             })
-            .collect()
+            .collect();
+        self.binding
+            .kargs(&w, &self.act, self.y.ptr(), self.m, self.n, self.k)
+            .map_err(GpuError::Rejected)
     }
 }
 
@@ -266,16 +259,16 @@ impl Workload for MatmulWorkload {
         self.weights.copies.len()
     }
     fn launch(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
-        if self.zero_y {
+        if self.binding.zero_output {
             gpu.fill_u32(&self.y, 0)?;
         }
         self.launch_kernel_only(gpu, m, copy)
     }
     fn accumulates(&self) -> bool {
-        self.zero_y
+        self.binding.zero_output
     }
     fn launch_kernel_only(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
-        gpu.launch(m, &self.main.geo, &self.args(&self.main, copy))
+        gpu.launch(m, &self.geo, &self.args(copy)?)
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
         poison(gpu, &[&self.y])

@@ -1,0 +1,380 @@
+//! Engine kernel profiles (`variants/profiles/*.toml`): which family variant
+//! serves each engine slot.
+//!
+//! ```toml
+//! name = "main"
+//! description = "the best checked kernels for the device"
+//!
+//! [slot.gemm]                      # every prefill GEMM slot
+//! family = "gemm_wgmma"
+//! defines = { DQ_TYPE = "F16", BM = 128, WG = 2, MW = 1, STAGES = 4, KSPLIT = 1 }
+//! tuned = true                     # refine from variants/tuned/sm_XX.toml
+//! fallback = "gemm_dq_f16"         # a [fallback.NAME] for devices that cannot run it
+//!
+//! [slot."gemm.down"]               # one projection kind overrides its group
+//! family = "gemm_wgmma"
+//! defines = { ..., KSPLIT = 2 }
+//!
+//! [fallback.gemm_dq_f16]
+//! family = "gemm_dq"
+//! defines = { DQ_TYPE = "F16", BM = 128, BN = 128, ... }
+//! ```
+//!
+//! A slot is looked up by its full name (`gemm.down`), then by its group
+//! (`gemm`). Defines bound to the call site (`WTYPE`, `KV_TYPE`, the output
+//! format `OUT`) are never written in a profile: the engine sets them.
+//! Profiles are data: the engine embeds the committed ones and reads any
+//! other from a path, and validates every choice against its family (and
+//! the device) when it plans a model.
+
+use gemtune_kernels::defines::{DefineValue, Defines};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Every engine slot, with its group and what it computes.
+pub const SLOTS: &[(&str, &str)] = &[
+    (
+        "gemm.qkv",
+        "prefill Q/K/V projection (fused when the types agree)",
+    ),
+    ("gemm.o", "prefill attention output projection"),
+    (
+        "gemm.gate_up",
+        "prefill FFN gate and up projections (fused)",
+    ),
+    ("gemm.down", "prefill FFN down projection"),
+    (
+        "gemm.ple",
+        "prefill per-layer-embedding projections (model_proj, inp_gate, proj)",
+    ),
+    ("gemv.qkv", "decode Q/K/V projection"),
+    ("gemv.o", "decode attention output projection"),
+    ("gemv.gate_up", "decode FFN gate and up projections"),
+    ("gemv.down", "decode FFN down projection"),
+    ("gemv.ple", "decode per-layer-embedding projections"),
+    (
+        "gemv.head",
+        "tied output head (vocab x d) for the rows whose logits are wanted",
+    ),
+    (
+        "attn_prefill.swa",
+        "prefill attention on sliding-window layers",
+    ),
+    ("attn_prefill.full", "prefill attention on full layers"),
+    (
+        "attn_decode.swa",
+        "decode attention on sliding-window layers",
+    ),
+    ("attn_decode.full", "decode attention on full layers"),
+    ("rmsnorm", "sandwich norms, residual adds and layer scalars"),
+    (
+        "qk_norm_rope",
+        "per-head Q/K norms, RoPE, weightless V norm, cache write",
+    ),
+    ("gelu_mul", "gelu_tanh(gate) * up (FFN and PLE gate)"),
+    ("embed", "token embedding gather and scale"),
+    ("ple", "per-layer inputs (E2B/E4B)"),
+    ("softcap", "final logit softcap"),
+    (
+        "quantize_q8_1",
+        "f32 -> Q8_1 activation pre-pass for dp4a/mmq consumers",
+    ),
+];
+
+/// A profile as written in its file.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Profile this one starts from (its slots are copied, then overridden).
+    #[serde(default)]
+    pub base: Option<String>,
+    /// K/V cache type this profile asks for (`--kv-type` overrides it).
+    #[serde(default)]
+    pub kv_type: Option<String>,
+    #[serde(default)]
+    pub slot: BTreeMap<String, SlotChoice>,
+    #[serde(default)]
+    pub fallback: BTreeMap<String, Choice>,
+}
+
+/// A family and its defines.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Choice {
+    pub family: String,
+    #[serde(default)]
+    pub defines: BTreeMap<String, DefineValue>,
+}
+
+/// What serves a slot.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SlotChoice {
+    pub family: String,
+    #[serde(default)]
+    pub defines: BTreeMap<String, DefineValue>,
+    /// Refine the defines from the device's tuned table where it has an
+    /// entry for the slot's family at the call's shape.
+    #[serde(default)]
+    pub tuned: bool,
+    /// Name of a `[fallback.NAME]` used where the device cannot run this
+    /// choice (a Hopper-only family on sm_80/sm_89).
+    #[serde(default)]
+    pub fallback: Option<String>,
+    /// Why this choice (printed by `run -v`).
+    #[serde(default)]
+    pub why: Option<String>,
+}
+
+/// A resolved profile: every slot's choice, with bases applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    pub name: String,
+    pub description: String,
+    /// Where it came from (`builtin:main` or a path).
+    pub source: String,
+    pub kv_type: Option<String>,
+    pub slots: BTreeMap<String, SlotChoice>,
+    pub fallbacks: BTreeMap<String, Choice>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{source_name}: {msg}")]
+    Parse { source_name: String, msg: String },
+    #[error("unknown profile '{name}': the committed profiles are {known}; or pass a path to a .toml file")]
+    Unknown { name: String, known: String },
+    #[error("{profile}: slot '{slot}' is not an engine slot (slots: {known})")]
+    UnknownSlot {
+        profile: String,
+        slot: String,
+        known: String,
+    },
+    #[error("{profile}: slot '{slot}' names fallback '{fallback}', which has no [fallback.{fallback}] table")]
+    MissingFallback {
+        profile: String,
+        slot: String,
+        fallback: String,
+    },
+    #[error("{profile}: slot '{slot}' sets {define}, which the engine binds at each call site")]
+    BoundDefine {
+        profile: String,
+        slot: String,
+        define: String,
+    },
+    #[error("{profile}: no choice for slot '{slot}' (nor for its group '{group}')")]
+    Unserved {
+        profile: String,
+        slot: String,
+        group: String,
+    },
+    #[error("{path}: cannot read: {err}")]
+    Io { path: String, err: String },
+}
+
+/// Defines the engine sets per call site; a profile must not.
+pub const BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "OUT"];
+
+/// The committed profiles, embedded so the binary works anywhere.
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("main", include_str!("../../variants/profiles/main.toml")),
+    (
+        "flash-swa",
+        include_str!("../../variants/profiles/flash-swa.toml"),
+    ),
+    (
+        "strict",
+        include_str!("../../variants/profiles/strict.toml"),
+    ),
+    (
+        "cublas",
+        include_str!("../../variants/profiles/cublas.toml"),
+    ),
+    (
+        "mma-sync",
+        include_str!("../../variants/profiles/mma-sync.toml"),
+    ),
+    (
+        "fma-gemv",
+        include_str!("../../variants/profiles/fma-gemv.toml"),
+    ),
+    ("mmq", include_str!("../../variants/profiles/mmq.toml")),
+];
+
+fn slot_group(slot: &str) -> &str {
+    slot.split('.').next().unwrap_or(slot)
+}
+
+/// Whether `name` is a slot or a slot group.
+fn known_slot(name: &str) -> bool {
+    SLOTS
+        .iter()
+        .any(|(s, _)| *s == name || slot_group(s) == name)
+}
+
+impl Profile {
+    /// A committed profile by name, or a profile file by path (a bare name
+    /// is always a committed profile; anything with '/' or ".toml" a path).
+    pub fn load(name_or_path: &str) -> Result<Profile, ProfileError> {
+        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+            let p = Path::new(name_or_path);
+            let text = std::fs::read_to_string(p).map_err(|e| ProfileError::Io {
+                path: p.display().to_string(),
+                err: e.to_string(),
+            })?;
+            return Profile::parse(&p.display().to_string(), &text);
+        }
+        let (_, text) = BUILTIN
+            .iter()
+            .find(|(n, _)| *n == name_or_path)
+            .ok_or_else(|| ProfileError::Unknown {
+                name: name_or_path.to_string(),
+                known: BUILTIN
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        Profile::parse(&format!("builtin:{name_or_path}"), text)
+    }
+
+    /// Parses a profile; `base` profiles are resolved among the committed ones.
+    pub fn parse(source: &str, text: &str) -> Result<Profile, ProfileError> {
+        let f: ProfileFile = toml::from_str(text).map_err(|e| ProfileError::Parse {
+            source_name: source.to_string(),
+            msg: e.to_string(),
+        })?;
+        let mut p = match &f.base {
+            Some(b) if b == &f.name => {
+                return Err(ProfileError::Parse {
+                    source_name: source.to_string(),
+                    msg: format!("profile '{b}' names itself as its base"),
+                })
+            }
+            Some(b) => Profile::load(b)?,
+            None => Profile {
+                name: String::new(),
+                description: String::new(),
+                source: String::new(),
+                kv_type: None,
+                slots: BTreeMap::new(),
+                fallbacks: BTreeMap::new(),
+            },
+        };
+        p.name = f.name.clone();
+        p.description = f.description.clone();
+        p.source = source.to_string();
+        if f.kv_type.is_some() {
+            p.kv_type = f.kv_type.clone();
+        }
+        for (k, v) in f.fallback {
+            p.fallbacks.insert(k, v);
+        }
+        for (slot, c) in f.slot {
+            if !known_slot(&slot) {
+                return Err(ProfileError::UnknownSlot {
+                    profile: f.name.clone(),
+                    slot,
+                    known: SLOTS.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", "),
+                });
+            }
+            p.slots.insert(slot, c);
+        }
+        for (slot, c) in &p.slots {
+            if let Some(d) = c
+                .defines
+                .keys()
+                .find(|d| BOUND_DEFINES.contains(&d.as_str()))
+            {
+                return Err(ProfileError::BoundDefine {
+                    profile: p.name.clone(),
+                    slot: slot.clone(),
+                    define: d.clone(),
+                });
+            }
+            if let Some(fb) = &c.fallback {
+                if !p.fallbacks.contains_key(fb) {
+                    return Err(ProfileError::MissingFallback {
+                        profile: p.name.clone(),
+                        slot: slot.clone(),
+                        fallback: fb.clone(),
+                    });
+                }
+            }
+        }
+        for s in SLOTS.iter().map(|(s, _)| *s) {
+            p.choice(s)?;
+        }
+        Ok(p)
+    }
+
+    /// The choice serving `slot`: its own entry, else its group's.
+    pub fn choice(&self, slot: &str) -> Result<&SlotChoice, ProfileError> {
+        self.slots
+            .get(slot)
+            .or_else(|| self.slots.get(slot_group(slot)))
+            .ok_or_else(|| ProfileError::Unserved {
+                profile: self.name.clone(),
+                slot: slot.to_string(),
+                group: slot_group(slot).to_string(),
+            })
+    }
+}
+
+/// The defines of a choice as the kernels crate types them.
+pub fn to_defines(d: &BTreeMap<String, DefineValue>) -> Defines {
+    d.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_profile_parses_and_serves_every_slot() {
+        for (name, _) in BUILTIN {
+            let p = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(&p.name, name);
+            for (s, _) in SLOTS {
+                p.choice(s).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn bad_profiles_are_refused_with_the_reason() {
+        let e =
+            Profile::parse("t", "name = \"x\"\n[slot.gemmm]\nfamily = \"gemm_dq\"\n").unwrap_err();
+        assert!(
+            e.to_string().contains("'gemmm' is not an engine slot"),
+            "{e}"
+        );
+        let e = Profile::parse(
+            "t",
+            "name = \"x\"\nbase = \"main\"\n[slot.gemm]\nfamily = \"gemm_dq\"\ndefines = { WTYPE = \"Q8_0\" }\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("WTYPE"), "{e}");
+        let e =
+            Profile::parse("t", "name = \"x\"\n[slot.gemm]\nfamily = \"gemm_dq\"\n").unwrap_err();
+        assert!(e.to_string().contains("no choice for slot"), "{e}");
+        let e = Profile::parse("t", "name = \"x\"\ntypo = 1\n").unwrap_err();
+        assert!(e.to_string().contains("typo"), "{e}");
+        assert!(matches!(
+            Profile::load("nope"),
+            Err(ProfileError::Unknown { .. })
+        ));
+    }
+
+    #[test]
+    fn a_slot_falls_back_to_its_group() {
+        let p = Profile::load("main").expect("main");
+        let down = p.choice("gemm.down").expect("down");
+        let qkv = p.choice("gemm.qkv").expect("qkv");
+        assert!(!down.family.is_empty() && !qkv.family.is_empty());
+    }
+}

@@ -1,0 +1,243 @@
+//! The runtime the engine and the harness share: a kernel cache from
+//! (family, defines) to a loaded module, resolved kernels that launch with
+//! no string work, page-locked staging buffers for asynchronous copies, and
+//! CUDA-graph capture and replay of a stream.
+//!
+//! `check` and `tune` compile and load through the same `compile` path, so a
+//! kernel the engine launches is the cubin the harness measured.
+
+use crate::compile::{compile, CompiledVariant};
+use crate::defines::{canonical, Defines};
+use crate::family::{Family, LaunchGeometry};
+use crate::gpu::{drv, Gpu, GpuError, KArg, Module};
+use cudarc::driver::{result, sys, CudaContext, CudaGraph};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Page-locked host memory of `len` elements of `T`, the source and
+/// destination of asynchronous copies (pageable memory would make the driver
+/// stage, and sometimes synchronize, every copy).
+pub struct PinnedBuf<T: Copy> {
+    ctx: Arc<CudaContext>,
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this handle; it has no
+// thread affinity, and the handle gives out references only through &self /
+// &mut self.
+unsafe impl<T: Copy + Send> Send for PinnedBuf<T> {}
+
+impl<T: Copy + Default> PinnedBuf<T> {
+    /// `len` elements, each `T::default()`.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<PinnedBuf<T>, GpuError> {
+        let ctx = gpu.context();
+        drv("cuCtxSetCurrent", ctx.bind_to_thread())?;
+        let bytes = (len.max(1)) * std::mem::size_of::<T>();
+        // SAFETY: a plain page-locked allocation of `bytes`; freed once in Drop.
+        let raw = drv("cuMemHostAlloc", unsafe { result::malloc_host(bytes, 0) })?;
+        let ptr = raw as *mut T;
+        for i in 0..len.max(1) {
+            // SAFETY: `ptr` holds len.max(1) elements; each is written once
+            // before any read.
+            unsafe { ptr.add(i).write(T::default()) };
+        }
+        Ok(PinnedBuf { ctx, ptr, len })
+    }
+}
+
+impl<T: Copy> PinnedBuf<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised elements owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, and &mut self makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> Drop for PinnedBuf<T> {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once here.
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
+}
+
+/// A kernel entry resolved once: launching it formats no string and looks
+/// nothing up. `geo` is the geometry `Family::validate` gave for the problem
+/// the kernel was planned for; callers whose grid varies per call (prefill
+/// chunks) pass their own grid to `launch_grid`.
+#[derive(Clone)]
+pub struct Kernel {
+    module: Arc<Module>,
+    func: sys::CUfunction,
+    pub geo: LaunchGeometry,
+    /// `family/defines` (what `run -v` and the phase table print).
+    pub label: String,
+}
+
+// SAFETY: a CUfunction is a handle into a module the Arc keeps loaded; the
+// driver API may be called on it from any thread with the context current.
+unsafe impl Send for Kernel {}
+// SAFETY: as above; launching does not mutate the handle.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// Enqueues one launch with the planned geometry.
+    pub fn launch(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
+        gpu.launch_function(self.func, &self.geo, args)
+    }
+    /// Enqueues one launch with `grid` in place of the planned grid.
+    pub fn launch_grid(
+        &self,
+        gpu: &Gpu,
+        grid: (u32, u32, u32),
+        args: &[KArg],
+    ) -> Result<(), GpuError> {
+        let geo = LaunchGeometry {
+            grid,
+            ..self.geo.clone()
+        };
+        gpu.launch_function(self.func, &geo, args)
+    }
+    /// The loaded module (other entries of the same cubin, e.g. a pre-pass).
+    pub fn module(&self) -> &Arc<Module> {
+        &self.module
+    }
+    /// Another entry of the same module, with its own geometry.
+    pub fn sibling(&self, geo: LaunchGeometry) -> Result<Kernel, GpuError> {
+        let func = self.module.function(&geo.kernel)?;
+        Ok(Kernel {
+            module: self.module.clone(),
+            func,
+            label: format!("{} [{}]", self.label, geo.kernel),
+            geo,
+        })
+    }
+}
+
+/// Compiles (through the on-disk cubin cache) and loads each distinct
+/// (family, defines) once, and hands out resolved kernels.
+pub struct KernelCache {
+    cache_dir: Option<PathBuf>,
+    modules: Mutex<HashMap<String, Arc<Module>>>,
+    compiled: Mutex<Vec<Arc<CompiledVariant>>>,
+}
+
+impl KernelCache {
+    /// A cache that compiles into `cache_dir` (None: `default_cache_dir()`).
+    pub fn new(cache_dir: Option<PathBuf>) -> KernelCache {
+        KernelCache {
+            cache_dir: cache_dir.or_else(crate::compile::default_cache_dir),
+            modules: Mutex::new(HashMap::new()),
+            compiled: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The loaded module of (family, defines) on `gpu`.
+    pub fn module(
+        &self,
+        gpu: &Gpu,
+        family: &dyn Family,
+        defines: &Defines,
+    ) -> Result<Arc<Module>, GpuError> {
+        let key = format!("{}|{}", family.name(), canonical(defines));
+        if let Some(m) = self.lock_modules().get(&key) {
+            return Ok(m.clone());
+        }
+        let cv = compile(family, defines, gpu.arch(), self.cache_dir.as_deref())?;
+        let m = Arc::new(gpu.load(&cv)?);
+        self.compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(cv));
+        self.lock_modules().insert(key, m.clone());
+        Ok(m)
+    }
+
+    /// The kernel `geo.kernel` of (family, defines), resolved.
+    pub fn kernel(
+        &self,
+        gpu: &Gpu,
+        family: &dyn Family,
+        defines: &Defines,
+        geo: LaunchGeometry,
+    ) -> Result<Kernel, GpuError> {
+        let module = self.module(gpu, family, defines)?;
+        let func = module.function(&geo.kernel)?;
+        Ok(Kernel {
+            module,
+            func,
+            label: format!("{}/{}", family.name(), canonical(defines)),
+            geo,
+        })
+    }
+
+    /// Every variant compiled so far (resources for reports).
+    pub fn compiled(&self) -> Vec<Arc<CompiledVariant>> {
+        self.compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn lock_modules(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Module>>> {
+        self.modules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A captured, instantiated CUDA graph of a `Gpu`'s stream.
+pub struct Graph {
+    inner: CudaGraph,
+    /// Times `launch` was called (tests assert replays happened).
+    replays: std::sync::atomic::AtomicU64,
+}
+
+impl Graph {
+    /// Replays the graph on the stream it was captured from.
+    pub fn launch(&self) -> Result<(), GpuError> {
+        self.replays
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        drv("cuGraphLaunch", self.inner.launch())
+    }
+    pub fn replays(&self) -> u64 {
+        self.replays.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Gpu {
+    /// Starts capturing this GPU's stream (thread-local mode: other threads'
+    /// unrelated CUDA calls stay legal). Everything enqueued until
+    /// `end_capture` becomes the graph instead of running.
+    pub fn begin_capture(&self) -> Result<(), GpuError> {
+        drv(
+            "cuStreamBeginCapture",
+            self.cuda_stream()
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        )
+    }
+
+    /// Ends the capture and instantiates the graph.
+    pub fn end_capture(&self) -> Result<Graph, GpuError> {
+        let g = drv(
+            "cuStreamEndCapture",
+            self.cuda_stream()
+                .end_capture(sys::CUgraphInstantiate_flags(0)),
+        )?
+        .ok_or_else(|| GpuError::Other("stream capture produced an empty graph".into()))?;
+        drv("cuGraphUpload", g.upload())?;
+        Ok(Graph {
+            inner: g,
+            replays: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+}
