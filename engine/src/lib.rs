@@ -12,6 +12,8 @@
 
 pub mod config;
 pub mod cpu;
+pub mod cuda;
+pub mod engine;
 pub mod gguf;
 pub mod model;
 pub mod plan;

@@ -284,21 +284,24 @@ impl Gpu {
         })
     }
 
-    /// Enqueues a copy of `data` into `dst` at byte `offset` on the stream,
-    /// from page-locked host memory, so the call returns at once. The caller
-    /// keeps `data` unchanged until the stream has passed the copy.
-    pub fn write_async<T: Copy>(
+    /// Enqueues a copy of `len` elements of `data`, from element `from`,
+    /// into `dst` at byte `offset` on the stream, from page-locked host
+    /// memory, so the call returns at once. The caller keeps those elements
+    /// unchanged until the stream has passed the copy.
+    pub fn write_async_from<T: Copy>(
         &self,
         dst: &DeviceBuffer,
         offset: usize,
         data: &crate::runtime::PinnedBuf<T>,
+        from: usize,
         len: usize,
     ) -> Result<(), GpuError> {
         let n = len * std::mem::size_of::<T>();
-        if len > data.len() || offset + n > dst.bytes {
+        if from + len > data.len() || offset + n > dst.bytes {
             return Err(GpuError::Other(format!(
-                "async write of {n} bytes at {offset} past a {}-byte buffer (or {len} > {} staged)",
+                "async write of {n} bytes at {offset} past a {}-byte buffer (or elements {from}..{} of {} staged)",
                 dst.bytes,
+                from + len,
                 data.len()
             )));
         }
@@ -308,10 +311,35 @@ impl Gpu {
         drv("cuMemcpyHtoDAsync", unsafe {
             result::memcpy_htod_async(
                 dst.ptr + offset as u64,
-                &data.as_slice()[..len],
+                &data.as_slice()[from..from + len],
                 self.stream(),
             )
         })
+    }
+
+    /// Enqueues `words` 32-bit stores of `pattern` into `dst` from byte
+    /// `offset` on the stream.
+    pub fn fill_u32_range(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        words: usize,
+        pattern: u32,
+    ) -> Result<(), GpuError> {
+        if offset % 4 != 0 || offset + 4 * words > dst.bytes {
+            return Err(GpuError::Other(format!(
+                "fill of {words} words at byte {offset} outside a {}-byte buffer",
+                dst.bytes
+            )));
+        }
+        self.bind()?;
+        // SAFETY: the range was checked against the live buffer above.
+        unsafe { sys::cuMemsetD32Async(dst.ptr + offset as u64, pattern, words, self.stream()) }
+            .result()
+            .map_err(|err| GpuError::Driver {
+                what: "cuMemsetD32Async".into(),
+                err,
+            })
     }
 
     /// Enqueues a copy of `len` elements of `src` (from byte `offset`) into

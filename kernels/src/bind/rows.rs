@@ -1,2 +1,192 @@
 //! Calling convention of the row-wise families (`rmsnorm`, `qk_norm_rope`,
 //! `gelu_mul`, `embed`, `ple`, `softcap`): see `docs/calling-convention.md`.
+
+use super::{i32_arg, ptr, Act, DevPtr};
+use crate::gpu::KArg;
+
+/// `rmsnorm(h, y, w_add, scale, w_out, out, out_scales, rows, width, eps)`.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNormArgs {
+    pub h: DevPtr,
+    pub y: DevPtr,
+    pub w_add: DevPtr,
+    pub scale: DevPtr,
+    pub w_out: DevPtr,
+    pub out: Act,
+    pub rows: usize,
+    pub width: usize,
+    pub eps: f32,
+}
+
+impl RmsNormArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.h),
+            ptr(self.y),
+            ptr(self.w_add),
+            ptr(self.scale),
+            ptr(self.w_out),
+            ptr(self.out.data),
+            ptr(self.out.scales),
+            i32_arg(self.rows),
+            i32_arg(self.width),
+            KArg::F32(self.eps),
+        ]
+    }
+}
+
+/// `qk_norm_rope(q_in, q_stride, k_in, k_stride, v_in, v_stride, q_norm,
+/// k_norm, inv_freq, pos0, q_out, k_cache, v_cache, capacity, rows,
+/// n_heads, n_kv_heads, eps)`.
+#[derive(Clone, Copy, Debug)]
+pub struct QkNormRopeArgs {
+    pub q_in: DevPtr,
+    pub q_stride: usize,
+    pub k_in: DevPtr,
+    pub k_stride: usize,
+    pub v_in: DevPtr,
+    pub v_stride: usize,
+    pub q_norm: DevPtr,
+    pub k_norm: DevPtr,
+    pub inv_freq: DevPtr,
+    pub pos0: DevPtr,
+    pub q_out: DevPtr,
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+    pub capacity: usize,
+    pub rows: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub eps: f32,
+}
+
+impl QkNormRopeArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.q_in),
+            i32_arg(self.q_stride),
+            ptr(self.k_in),
+            i32_arg(self.k_stride),
+            ptr(self.v_in),
+            i32_arg(self.v_stride),
+            ptr(self.q_norm),
+            ptr(self.k_norm),
+            ptr(self.inv_freq),
+            ptr(self.pos0),
+            ptr(self.q_out),
+            ptr(self.k_cache),
+            ptr(self.v_cache),
+            i32_arg(self.capacity),
+            i32_arg(self.rows),
+            i32_arg(self.n_heads),
+            i32_arg(self.n_kv_heads),
+            KArg::F32(self.eps),
+        ]
+    }
+}
+
+/// `gelu_mul(g, g_stride, u, u_stride, out, out_scales, rows, width)`.
+#[derive(Clone, Copy, Debug)]
+pub struct GeluMulArgs {
+    pub g: DevPtr,
+    pub g_stride: usize,
+    pub u: DevPtr,
+    pub u_stride: usize,
+    pub out: Act,
+    pub rows: usize,
+    pub width: usize,
+}
+
+impl GeluMulArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.g),
+            i32_arg(self.g_stride),
+            ptr(self.u),
+            i32_arg(self.u_stride),
+            ptr(self.out.data),
+            ptr(self.out.scales),
+            i32_arg(self.rows),
+            i32_arg(self.width),
+        ]
+    }
+}
+
+/// `embed(tokens, table, out, rows, width, scale)`.
+#[derive(Clone, Copy, Debug)]
+pub struct EmbedArgs {
+    pub tokens: DevPtr,
+    pub table: DevPtr,
+    pub out: DevPtr,
+    pub rows: usize,
+    pub width: usize,
+    pub scale: f32,
+}
+
+impl EmbedArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.tokens),
+            ptr(self.table),
+            ptr(self.out),
+            i32_arg(self.rows),
+            i32_arg(self.width),
+            KArg::F32(self.scale),
+        ]
+    }
+}
+
+/// `ple(tokens, table, proj, proj_norm, out, rows, n_layers, ple_dim,
+/// proj_scale, tok_scale, eps)`.
+#[derive(Clone, Copy, Debug)]
+pub struct PleArgs {
+    pub tokens: DevPtr,
+    pub table: DevPtr,
+    pub proj: DevPtr,
+    pub proj_norm: DevPtr,
+    pub out: DevPtr,
+    pub rows: usize,
+    pub n_layers: usize,
+    pub ple_dim: usize,
+    pub proj_scale: f32,
+    pub tok_scale: f32,
+    pub eps: f32,
+}
+
+impl PleArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.tokens),
+            ptr(self.table),
+            ptr(self.proj),
+            ptr(self.proj_norm),
+            ptr(self.out),
+            i32_arg(self.rows),
+            i32_arg(self.n_layers),
+            i32_arg(self.ple_dim),
+            KArg::F32(self.proj_scale),
+            KArg::F32(self.tok_scale),
+            KArg::F32(self.eps),
+        ]
+    }
+}
+
+/// `softcap(x, rows, width, cap)`.
+#[derive(Clone, Copy, Debug)]
+pub struct SoftcapArgs {
+    pub x: DevPtr,
+    pub rows: usize,
+    pub width: usize,
+    pub cap: f32,
+}
+
+impl SoftcapArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.x),
+            i32_arg(self.rows),
+            i32_arg(self.width),
+            KArg::F32(self.cap),
+        ]
+    }
+}

@@ -1,0 +1,235 @@
+//! Kernel choice: profile slot -> (family, defines) -> validated geometry ->
+//! a loaded, resolved kernel, decided once per (slot, problem) and kept.
+//!
+//! For a slot at a problem, in order:
+//! 1. the profile's choice for the slot (or its group): family and defines,
+//!    over the family's default defines, plus the defines bound to the call
+//!    site (`WTYPE`, `KV_TYPE`, `OUT`);
+//! 2. with `tuned = true` and a matmul problem, the device's tuned table
+//!    entry for the family at (m bucket, n, k, weight type) replaces the
+//!    defines, when it validates;
+//! 3. `Family::validate` on the device's limits; if the device cannot run
+//!    the choice (a Hopper-only family on sm_80/sm_89), the slot's named
+//!    fallback; if it has none, an error naming the slot and the reason.
+//!
+//! Every decision is recorded with its reason (`run -v` prints them). The
+//! engine never tunes: it reads the profile and the tuned table only.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use gemtune_kernels::defines::{canonical, DefineValue, Defines};
+use gemtune_kernels::family::{family, DeviceLimits, Family, Problem};
+use gemtune_kernels::gpu::{Gpu, GpuError};
+use gemtune_kernels::runtime::{Kernel, KernelCache};
+
+use crate::profile::{to_defines, Choice, Profile};
+use crate::tuned::TunedFile;
+
+/// A kernel chosen for a slot at one problem.
+#[derive(Clone)]
+pub struct Planned {
+    pub kernel: Kernel,
+    pub family: &'static dyn Family,
+    pub defines: Defines,
+    /// profile / tuned / fallback, with the detail.
+    pub why: String,
+}
+
+/// Where one decision came from, for `run -v`.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub slot: String,
+    pub problem: String,
+    pub family: String,
+    pub defines: String,
+    pub why: String,
+}
+
+/// Chooses and caches the kernels of every slot.
+pub struct Planner {
+    pub profile: Profile,
+    pub tuned: Option<TunedFile>,
+    pub limits: DeviceLimits,
+    pub cache: KernelCache,
+    memo: Mutex<HashMap<String, Planned>>,
+    decisions: Mutex<Vec<Decision>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("slot {slot}: {msg}")]
+    Slot { slot: String, msg: String },
+    #[error("slot {slot}: {err}")]
+    Gpu { slot: String, err: GpuError },
+}
+
+impl Planner {
+    pub fn new(profile: Profile, tuned: Option<TunedFile>, limits: DeviceLimits) -> Planner {
+        Planner {
+            profile,
+            tuned,
+            limits,
+            cache: KernelCache::new(None),
+            memo: Mutex::new(HashMap::new()),
+            decisions: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The family and defines serving `slot` at `p` (no GPU work: used by
+    /// the CPU-side profile checks too).
+    pub fn resolve(
+        &self,
+        slot: &str,
+        p: &Problem,
+        bound: &[(&str, DefineValue)],
+    ) -> Result<(&'static dyn Family, Defines, String), PlanError> {
+        let err = |msg: String| PlanError::Slot {
+            slot: slot.to_string(),
+            msg,
+        };
+        let choice = self.profile.choice(slot).map_err(|e| err(e.to_string()))?;
+        let with_bound = |f: &dyn Family, d: &std::collections::BTreeMap<String, DefineValue>| {
+            let wt = match p {
+                Problem::Matmul(mp) => mp.wtype,
+                Problem::Rows(r) => r.dtype,
+                Problem::Attention(_) => gemtune_kernels::quant::GgmlType::F16,
+            };
+            let mut out = f.default_defines(wt);
+            out.extend(to_defines(d));
+            let declared = f.declared_defines();
+            for (k, v) in bound {
+                if declared.iter().any(|x| x == k) {
+                    out.insert(k.to_string(), v.clone());
+                }
+            }
+            out
+        };
+        let fam = family(&choice.family).ok_or_else(|| {
+            err(format!(
+                "profile {} names family '{}', which is not registered",
+                self.profile.name, choice.family
+            ))
+        })?;
+        let mut defines = with_bound(fam, &choice.defines);
+        let mut why = format!("profile {}", self.profile.name);
+        if let Some(w) = &choice.why {
+            why.push_str(&format!(" ({w})"));
+        }
+        if choice.tuned {
+            if let (Some(t), Problem::Matmul(mp)) = (&self.tuned, p) {
+                let wt = mp.wtype.name().to_ascii_uppercase();
+                if let Some(e) = t.lookup(fam.name(), mp.m, mp.n, mp.k, &wt) {
+                    let mut td: Defines = e.defines.clone().into_iter().collect();
+                    td.insert("WTYPE".into(), DefineValue::Str(wt.clone()));
+                    if fam.validate(&td, p, &self.limits).is_ok() {
+                        defines = td;
+                        why = format!(
+                            "tuned {} entry {} ({}, {})",
+                            t.arch, e.shape, e.variant, e.provenance.measured
+                        );
+                    }
+                }
+            }
+        }
+        match fam.validate(&defines, p, &self.limits) {
+            Ok(_) => Ok((fam, defines, why)),
+            Err(reason) => {
+                let Some(fb) = &choice.fallback else {
+                    return Err(err(format!(
+                        "{} cannot run here: {reason} (the profile names no fallback for this slot)",
+                        fam.name()
+                    )));
+                };
+                let Choice {
+                    family: ffam,
+                    defines: fdef,
+                } =
+                    self.profile.fallbacks.get(fb).ok_or_else(|| {
+                        err(format!("fallback '{fb}' is not defined in the profile"))
+                    })?;
+                let f2 = family(ffam)
+                    .ok_or_else(|| err(format!("fallback family '{ffam}' is not registered")))?;
+                let d2 = with_bound(f2, fdef);
+                f2.validate(&d2, p, &self.limits).map_err(|r2| {
+                    err(format!(
+                        "{} cannot run here ({reason}) and neither can its fallback {} ({r2})",
+                        fam.name(),
+                        f2.name()
+                    ))
+                })?;
+                Ok((
+                    f2,
+                    d2,
+                    format!("fallback {fb}: {} cannot run here ({reason})", fam.name()),
+                ))
+            }
+        }
+    }
+
+    /// The resolved, loaded kernel serving `slot` at `p`.
+    pub fn plan(
+        &self,
+        gpu: &Gpu,
+        slot: &str,
+        p: &Problem,
+        bound: &[(&str, DefineValue)],
+    ) -> Result<Planned, PlanError> {
+        let key = format!(
+            "{slot}|{}|{}",
+            p.describe(),
+            bound
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        if let Some(pl) = self.lock_memo().get(&key) {
+            return Ok(pl.clone());
+        }
+        let (fam, defines, why) = self.resolve(slot, p, bound)?;
+        let geo = fam
+            .validate(&defines, p, &self.limits)
+            .map_err(|msg| PlanError::Slot {
+                slot: slot.to_string(),
+                msg,
+            })?;
+        let kernel = self
+            .cache
+            .kernel(gpu, fam, &defines, geo)
+            .map_err(|err| PlanError::Gpu {
+                slot: slot.to_string(),
+                err,
+            })?;
+        let pl = Planned {
+            kernel,
+            family: fam,
+            defines: defines.clone(),
+            why: why.clone(),
+        };
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Decision {
+                slot: slot.to_string(),
+                problem: p.describe(),
+                family: fam.name().to_string(),
+                defines: canonical(&defines),
+                why,
+            });
+        self.lock_memo().insert(key, pl.clone());
+        Ok(pl)
+    }
+
+    /// Every decision so far, in order.
+    pub fn decisions(&self) -> Vec<Decision> {
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn lock_memo(&self) -> std::sync::MutexGuard<'_, HashMap<String, Planned>> {
+        self.memo.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
