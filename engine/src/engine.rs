@@ -70,6 +70,13 @@ pub trait Engine {
     fn take_phases(&mut self) -> Option<PhaseTimes> {
         None
     }
+    /// Turns per-phase timing on or off; false when the engine cannot
+    /// measure phases. Measuring costs events on the stream and runs
+    /// decode steps eagerly (no graph replay).
+    fn set_phases(&mut self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
     /// One line per engine slot: what serves it and why (`run -v`).
     fn describe(&self) -> Vec<String> {
         Vec::new()

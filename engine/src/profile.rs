@@ -80,6 +80,10 @@ pub const SLOTS: &[(&str, &str)] = &[
         "quantize_q8_1",
         "f32 -> Q8_1 activation pre-pass for dp4a/mmq consumers",
     ),
+    (
+        "act_convert",
+        "f32 -> bf16 operands of the vendor (cuBLAS) GEMM arm",
+    ),
 ];
 
 /// A profile as written in its file.

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod cmd;
+mod engine_opts;
 mod exit;
 
 use exit::Exit;
@@ -40,6 +41,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Check, then time kernel variants over shapes in the L2 and DRAM regimes.
     Tune(cmd::tune::Args),
+    /// Prompt-processing and generation speed, llama-bench style (pp/tg t/s).
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Tune(a) => cmd::tune::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(code) => code.into(),

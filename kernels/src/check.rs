@@ -37,6 +37,29 @@ pub struct CheckReport {
     pub detail: String,
 }
 
+impl CheckReport {
+    /// The report of a bit-exact comparison of `n` values of which `bad`
+    /// differ and `unwritten` still hold the poison.
+    pub fn exact(n: usize, bad: usize, unwritten: usize) -> CheckReport {
+        let frac = if n == 0 { 0.0 } else { bad as f64 / n as f64 };
+        CheckReport {
+            passed: bad == 0 && unwritten == 0,
+            rms_rel: frac,
+            max_rel: frac,
+            max_abs: 0.0,
+            outliers: bad,
+            replay_rms_rel: Some(frac),
+            unwritten,
+            non_finite: 0,
+            detail: if bad == 0 && unwritten == 0 {
+                String::new()
+            } else {
+                format!("{bad} of {n} values differ from the CPU rule, {unwritten} words unwritten")
+            },
+        }
+    }
+}
+
 /// The NaN written over outputs before a run (a quiet NaN with a payload no
 /// arithmetic produces), so unwritten elements are told apart from NaN results.
 pub const POISON_BITS: u32 = 0x7fc0_dead;

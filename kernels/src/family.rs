@@ -346,6 +346,7 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::mmq::Mmq,
         &crate::families::gemm_dq::GemmDq,
         &crate::families::gemm_wgmma::GemmWgmma,
+        &crate::families::act_convert::ActConvert,
     ]
 }
 

@@ -19,6 +19,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gemm_dq.cu", include_str!("../cuda/gemm_dq.cu")),
     ("gemm_wgmma.cu", include_str!("../cuda/gemm_wgmma.cu")),
     ("stream.cu", include_str!("../cuda/stream.cu")),
+    ("act_convert.cu", include_str!("../cuda/act_convert.cu")),
 ];
 
 /// The text of an embedded file, or `None` if no such file is embedded.

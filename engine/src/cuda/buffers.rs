@@ -19,6 +19,8 @@ pub struct Buffers {
     pub act: DeviceBuffer,
     /// Its Q8_1 scale plane.
     pub act_scales: DeviceBuffer,
+    /// bf16 operands of the vendor GEMM arm (`[rows][widest]`).
+    pub act16: DeviceBuffer,
     /// Fused Q|K|V projection output, f32 `[rows][qkv]`.
     pub qkv: DeviceBuffer,
     /// Normed, roped queries, f32 `[rows][n_heads * hd]`.
@@ -72,6 +74,7 @@ impl Buffers {
             x: f(rows * d)?,
             act: f(rows * widest)?,
             act_scales: gpu.alloc(rows * widest.div_ceil(32) * 8)?,
+            act16: gpu.alloc(rows * widest * 2)?,
             qkv: f(rows * qkvmax)?,
             q: f(rows * qmax)?,
             o: f(rows * qmax)?,
@@ -93,6 +96,7 @@ impl Buffers {
             &self.x,
             &self.act,
             &self.act_scales,
+            &self.act16,
             &self.qkv,
             &self.q,
             &self.o,

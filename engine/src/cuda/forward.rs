@@ -77,12 +77,12 @@ pub(super) fn plan_layouts(
             }
             for m in ms {
                 let slot = slot_for(kind, m);
-                let (fam, defines, _) =
-                    planner.resolve(&slot, &Problem::matmul(m, n, k, t), &[])?;
-                if fam.name() == "cublas-bf16" {
+                if planner.vendor(&slot) {
                     l.bf16 = true;
                     continue;
                 }
+                let (fam, defines, _) =
+                    planner.resolve(&slot, &Problem::matmul(m, n, k, t), &[])?;
                 let b = MatmulBinding::of(fam.name(), &defines).map_err(|msg| {
                     super::PlanError::Slot {
                         slot: slot.clone(),
@@ -366,7 +366,9 @@ impl CudaEngine<'_> {
             launch::plan_layer(self, l, lc, r)?;
         }
         if let Some(mp) = &self.w.ple_model_proj {
-            self.matmul_kernel("ple", mp, r).map_err(plan_err)?;
+            if !self.planner.vendor(&slot_for("ple", r)) {
+                self.matmul_kernel("ple", mp, r).map_err(plan_err)?;
+            }
         }
         launch::plan_common(self, r)?;
         if r <= GEMV_MAX_ROWS {
@@ -612,13 +614,17 @@ impl CudaEngine<'_> {
         Ok((pl, b))
     }
 
-    /// The activation format a projection kind reads at `m` rows.
+    /// The activation format a projection kind reads at `m` rows (f32 for
+    /// the vendor arm, which converts its operand itself).
     pub(super) fn act_format(
         &self,
         kind: &str,
         w: &GpuMatrix,
         m: usize,
     ) -> Result<ActFormat, EngineError> {
+        if self.planner.vendor(&slot_for(kind, m)) {
+            return Ok(ActFormat::F32);
+        }
         Ok(self.matmul_kernel(kind, w, m).map_err(plan_err)?.1.act)
     }
 

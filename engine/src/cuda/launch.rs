@@ -12,7 +12,9 @@ use gemtune_kernels::bind::rows as brows;
 use gemtune_kernels::bind::{Act, ActFormat, DevPtr, NULL};
 use gemtune_kernels::defines::DefineValue;
 use gemtune_kernels::family::{AttnProblem, Problem, RowsProblem};
+use gemtune_kernels::gpu::KArg;
 use gemtune_kernels::quant::GgmlType;
+use gemtune_kernels::reference::cublas::GemmType;
 
 use super::forward::{Rows, GEMV_MAX_ROWS};
 use super::weights::GpuMatrix;
@@ -139,6 +141,9 @@ impl CudaEngine<'_> {
         src: DevPtr,
         m: usize,
     ) -> Result<Act, EngineError> {
+        if self.planner.vendor(&super::forward::slot_for(kind, m)) {
+            return Ok(Act::f32(src));
+        }
         let (pl, b) = self.matmul_kernel(kind, w, m).map_err(plan_err)?;
         let k = w.k;
         let act = self.act(b.act);
@@ -179,6 +184,9 @@ impl CudaEngine<'_> {
         y_buf_zero: Option<&gemtune_kernels::gpu::DeviceBuffer>,
         m: usize,
     ) -> Result<(), EngineError> {
+        if self.planner.vendor(&super::forward::slot_for(kind, m)) {
+            return self.vendor_matmul(kind, phase, w, x, y, y_buf_zero, m);
+        }
         let (pl, b) = self.matmul_kernel(kind, w, m).map_err(plan_err)?;
         self.mark(phase)?;
         if b.zero_output {
@@ -198,6 +206,52 @@ impl CudaEngine<'_> {
             .kargs(&ws, x, y, m, n, w.k)
             .map_err(|e| EngineError::Device(format!("{kind}: {e}")))?;
         pl.kernel.launch(&self.gpu, &args).map_err(dev)
+    }
+
+    /// The vendor arm: `x` (f32) converted to bf16 by `act_convert`, then
+    /// cuBLAS's bf16 GEMM on the weights dequantized at load.
+    #[allow(clippy::too_many_arguments)]
+    fn vendor_matmul(
+        &self,
+        kind: &str,
+        phase: &'static str,
+        w: &GpuMatrix,
+        x: &Act,
+        y: DevPtr,
+        y_buf: Option<&gemtune_kernels::gpu::DeviceBuffer>,
+        m: usize,
+    ) -> Result<(), EngineError> {
+        let err = |m: String| EngineError::Device(format!("{kind} (cuBLAS): {m}"));
+        let cublas = self
+            .cublas
+            .as_ref()
+            .ok_or_else(|| err("cuBLAS was not loaded".into()))?;
+        let (wb, yb) = match (w.bf16(), y_buf) {
+            (Some(wb), Some(yb)) if yb.ptr() == y && x.format == ActFormat::F32 => (wb, yb),
+            _ => return Err(err("the operands are not whole bf16/f32 buffers".into())),
+        };
+        let p = rows_problem(m, w.k);
+        let conv = self.plan_rows_kernel("act_convert", &p, &[])?;
+        self.mark("act_convert")?;
+        let args = [
+            KArg::Ptr(x.data),
+            KArg::Ptr(self.b.act16.ptr()),
+            KArg::U64((m * w.k) as u64),
+        ];
+        conv.kernel.launch(&self.gpu, &args).map_err(dev)?;
+        self.mark(phase)?;
+        cublas
+            .gemm_tn(
+                &self.gpu,
+                GemmType::Bf16,
+                m,
+                w.n,
+                w.k,
+                wb,
+                &self.b.act16,
+                yb,
+            )
+            .map_err(|e| err(e.to_string()))
     }
 
     /// The sandwich-norm kernel: with `add`, `h += rmsnorm(y) * w_add`

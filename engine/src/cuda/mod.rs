@@ -66,6 +66,8 @@ pub struct CudaOptions {
     pub device: usize,
 }
 
+const GEMV_ROWS_PLUS_ONE: usize = forward::GEMV_MAX_ROWS + 1;
+
 /// The default prefill chunk: the largest the engine's prefill buffers are
 /// sized for without growing past a few hundred MB on the 12B/31B shapes.
 pub const DEFAULT_UBATCH: usize = 2048;
@@ -145,6 +147,8 @@ pub struct CudaEngine<'m> {
     phases: std::cell::RefCell<Option<Phases>>,
     staging_i32: PinnedBuf<i32>,
     staging_logits: PinnedBuf<f32>,
+    /// cuBLAS, when a slot is served by the vendor GEMM.
+    cublas: Option<gemtune_kernels::reference::Cublas>,
 }
 
 fn dev(e: GpuError) -> EngineError {
@@ -209,6 +213,18 @@ impl<'m> CudaEngine<'m> {
         let staging_i32 = PinnedBuf::new(&gpu, ubatch + 4).map_err(dev)?;
         let staging_logits =
             PinnedBuf::new(&gpu, buffers::HEAD_ROWS * model.vocab_size()).map_err(dev)?;
+        let any_vendor = forward::KINDS.iter().any(|k| {
+            [1, GEMV_ROWS_PLUS_ONE, ubatch]
+                .iter()
+                .any(|&m| planner.vendor(&forward::slot_for(k, m)))
+        });
+        let cublas = if any_vendor {
+            Some(gemtune_kernels::reference::Cublas::new(&gpu).map_err(|e| {
+                EngineError::Device(format!("profile {} uses cuBLAS: {e}", planner.profile.name))
+            })?)
+        } else {
+            None
+        };
         let mut e = CudaEngine {
             model,
             gpu,
@@ -225,6 +241,7 @@ impl<'m> CudaEngine<'m> {
             phases: std::cell::RefCell::new(opts.phases.then(Phases::new)),
             staging_i32,
             staging_logits,
+            cublas,
         };
         e.preplan()?;
         e.gpu.synchronize().map_err(dev)?;
@@ -331,6 +348,15 @@ impl Engine for CudaEngine<'_> {
     }
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits, EngineError> {
         self.forward_impl(tokens, rows)
+    }
+    fn set_phases(&mut self, on: bool) -> bool {
+        let p = self.phases.get_mut();
+        match (on, p.is_some()) {
+            (true, false) => *p = Some(Phases::new()),
+            (false, true) => *p = None,
+            _ => {}
+        }
+        true
     }
     fn take_phases(&mut self) -> Option<PhaseTimes> {
         self.phases.get_mut().as_mut().map(|p| p.take())

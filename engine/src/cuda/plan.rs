@@ -26,6 +26,9 @@ use gemtune_kernels::runtime::{Kernel, KernelCache};
 use crate::profile::{to_defines, Choice, Profile};
 use crate::tuned::TunedFile;
 
+/// The profile family name of the vendor GEMM arm.
+pub const VENDOR_BF16: &str = "cublas-bf16";
+
 /// A kernel chosen for a slot at one problem.
 #[derive(Clone)]
 pub struct Planned {
@@ -74,6 +77,15 @@ impl Planner {
             memo: Mutex::new(HashMap::new()),
             decisions: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether `slot` is served by the vendor GEMM (cuBLAS bf16 on weights
+    /// dequantized at load) rather than a kernel family.
+    pub fn vendor(&self, slot: &str) -> bool {
+        self.profile
+            .choice(slot)
+            .map(|c| c.family == VENDOR_BF16)
+            .unwrap_or(false)
     }
 
     /// The family and defines serving `slot` at `p` (no GPU work: used by

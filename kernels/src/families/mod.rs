@@ -1,6 +1,7 @@
 //! The kernel families and the host-side pieces they share: seeded inputs,
 //! weight repacking into planes, the Q8_1 replay and the f64 references.
 
+pub mod act_convert;
 pub mod gemm_dq;
 pub mod gemm_wgmma;
 pub mod gemv;

@@ -158,7 +158,7 @@ impl Cublas {
     /// (m, n, k) = (n, m, k). This "TN" form is also the one int8 GEMM
     /// requires (both operands k-contiguous).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_tn(
+    pub fn gemm_tn(
         &self,
         gpu: &Gpu,
         ty: GemmType,

@@ -1,0 +1,559 @@
+//! `gemtune bench`: prompt processing and generation speed with llama-bench's
+//! definitions, so the numbers sit beside llama.cpp's on the same GPU.
+//!
+//! - `ppN`: a prompt of N random tokens processed from the given depth (the
+//!   context already filled, untimed), logits for the last token only;
+//!   t/s = N / time.
+//! - `tgN`: N single-token decode steps from the depth (random tokens fed
+//!   back, as llama-bench does); t/s = N / time.
+//! - Each test runs once to warm up, then `-r` timed repetitions; the table
+//!   shows mean ± sample standard deviation of t/s.
+//!
+//! Without `-m`, the synthetic e4b q8_0 model is written once into the
+//! scratch directory and reused. `--worker` serves `ab`: a JSON-lines
+//! protocol on stdin/stdout (`docs/ab-worker.md`).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use gemtune_engine::cpu::LogitRows;
+use gemtune_engine::engine::{Engine, PhaseTimes};
+use gemtune_engine::model::Model;
+use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::engine_opts::{build_engine, resolve_backend, Backend, CudaArgs};
+use crate::exit::Exit;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Md,
+    Csv,
+    Json,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model (default: synthetic e4b q8_0, written once into the scratch directory).
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Prompt lengths, comma-separated (0 skips the prompt tests).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512,2048"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens (0 skips the generation test).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Context depth already filled before each test.
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
+    /// Timed repetitions per test (after one warm-up).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reps: u64,
+    /// Prefill chunk (tokens per forward pass).
+    #[arg(long, default_value_t = gemtune_engine::cuda::DEFAULT_UBATCH as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ubatch: u64,
+    /// Forward implementation.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
+    /// Output format on stdout.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Md)]
+    pub output: Output,
+    /// Seed of the random prompt tokens.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Serve `ab` over stdin/stdout (JSON lines) instead of running tests.
+    #[arg(long)]
+    pub worker: bool,
+}
+
+/// One bench result row (also the CSV schema `report` joins on
+/// test/model/profile/backend).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    pub schema_version: u32,
+    pub kind: String,
+    pub model: String,
+    pub model_bytes: u64,
+    pub params: u64,
+    pub wtype: String,
+    pub backend: String,
+    pub profile: String,
+    pub gpu: String,
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub depth: usize,
+    pub ubatch: usize,
+    pub reps: usize,
+    pub tps_mean: f64,
+    pub tps_sd: f64,
+    pub tps_min: f64,
+    pub tps_max: f64,
+    /// t/s per repetition, ';'-separated.
+    pub samples: String,
+}
+
+/// The scratch directory for files nobody asked to keep.
+fn scratch_dir() -> PathBuf {
+    let mut d = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    loop {
+        if d.join("Cargo.toml").is_file() && d.join("variants").is_dir() {
+            return d.join("target").join("gemtune");
+        }
+        if !d.pop() {
+            break;
+        }
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("gemtune")
+}
+
+/// `-m MODEL`, or the synthetic e4b q8_0 written once into the scratch dir.
+pub fn model_path(m: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = m {
+        return Ok(p.to_path_buf());
+    }
+    let dir = scratch_dir().join("models");
+    let p = dir.join("e4b-q8_0-seed0.gguf");
+    if !p.is_file() {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        eprintln!(
+            "bench: no -m given; writing the synthetic e4b q8_0 model to {} (once)",
+            p.display()
+        );
+        let tmp = dir.join("e4b-q8_0-seed0.gguf.partial");
+        synth_to_file(
+            SynthVariant::E4b,
+            WeightType::Q8_0,
+            &tmp,
+            SynthOptions::default(),
+        )
+        .context("writing the synthetic e4b q8_0 model")?;
+        std::fs::rename(&tmp, &p).with_context(|| format!("renaming into {}", p.display()))?;
+    } else {
+        eprintln!("bench: using the cached synthetic model {}", p.display());
+    }
+    Ok(p)
+}
+
+fn random_tokens(rng: &mut ChaCha8Rng, n: usize, vocab: usize) -> Vec<u32> {
+    // Skip the special ids at the bottom of the vocabulary.
+    let lo = 256.min(vocab.saturating_sub(1)) as u32;
+    (0..n).map(|_| rng.random_range(lo..vocab as u32)).collect()
+}
+
+/// One timed run of a test; returns (seconds, tokens).
+fn run_once(
+    e: &mut dyn Engine,
+    rng: &mut ChaCha8Rng,
+    n_prompt: usize,
+    n_gen: usize,
+    depth: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let vocab = e.model().vocab_size();
+    e.reset();
+    if depth > 0 {
+        let fill = random_tokens(rng, depth, vocab);
+        e.forward(&fill, LogitRows::None)?;
+    }
+    let mut pp = 0.0;
+    if n_prompt > 0 {
+        let prompt = random_tokens(rng, n_prompt, vocab);
+        let t = Instant::now();
+        e.forward(&prompt, LogitRows::Last)?;
+        pp = t.elapsed().as_secs_f64();
+    }
+    let mut tg = 0.0;
+    if n_gen > 0 {
+        let toks = random_tokens(rng, n_gen, vocab);
+        let t = Instant::now();
+        for &tok in &toks {
+            e.forward(&[tok], LogitRows::Last)?;
+        }
+        tg = t.elapsed().as_secs_f64();
+    }
+    Ok((pp, tg))
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n.max(1.0);
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (m, var.sqrt())
+}
+
+struct ModelFacts {
+    name: String,
+    bytes: u64,
+    params: u64,
+    wtype: String,
+}
+
+fn facts(model: &Model, path: &Path) -> ModelFacts {
+    let f = model.file();
+    let params: u64 = f.tensors().iter().map(|t| t.n_elements()).sum();
+    let name = model.config().name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    let wtype = model
+        .weights()
+        .layers
+        .first()
+        .map(|l| l.ffn_up.ty.name().to_ascii_uppercase())
+        .unwrap_or_default();
+    ModelFacts {
+        name,
+        bytes: f.file_len(),
+        params,
+        wtype,
+    }
+}
+
+fn gpu_name(backend: &str) -> String {
+    if backend == "cuda" {
+        gemtune_kernels::gpu::Gpu::new(0)
+            .map(|g| g.info().name.clone())
+            .unwrap_or_default()
+    } else {
+        "cpu".into()
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<Exit> {
+    let path = model_path(args.model.as_deref())?;
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let backend = resolve_backend(args.backend);
+    let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);
+    let need = args.depth + max_p.max(args.n_gen) + 1;
+    let ctx = model.config().context_length;
+    if need > ctx {
+        bail!(
+            "depth {} + the longest test need {need} positions; the model's context holds {ctx}",
+            args.depth
+        );
+    }
+    let mut engine = build_engine(
+        &model,
+        backend,
+        &args.cuda,
+        need,
+        (args.ubatch as usize).min(need),
+    )?;
+    if args.worker {
+        return worker(engine.as_mut(), &model, &path, &args);
+    }
+    let mf = facts(&model, &path);
+    let backend_name = engine.backend().to_string();
+    let gpu = gpu_name(&backend_name);
+    let profile = if backend_name == "cuda" {
+        args.cuda.profile.clone()
+    } else {
+        "-".into()
+    };
+    let mut tests: Vec<(String, usize, usize)> = args
+        .n_prompt
+        .iter()
+        .filter(|&&p| p > 0)
+        .map(|&p| (format!("pp{p}"), p, 0))
+        .collect();
+    if args.n_gen > 0 {
+        tests.push((format!("tg{}", args.n_gen), 0, args.n_gen));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
+    let mut results = Vec::new();
+    for (name, p, g) in &tests {
+        let label = if args.depth > 0 {
+            format!("{name} @ d{}", args.depth)
+        } else {
+            name.clone()
+        };
+        eprintln!("bench: {label}: warm-up");
+        run_once(engine.as_mut(), &mut rng, *p, *g, args.depth)?;
+        let _ = engine.take_phases();
+        let mut tps = Vec::new();
+        for r in 0..args.reps {
+            let (pp, tg) = run_once(engine.as_mut(), &mut rng, *p, *g, args.depth)?;
+            let v = if *p > 0 {
+                *p as f64 / pp
+            } else {
+                *g as f64 / tg
+            };
+            eprintln!("bench: {label}: rep {}/{}: {v:.2} t/s", r + 1, args.reps);
+            tps.push(v);
+        }
+        let (m, sd) = mean_sd(&tps);
+        results.push(BenchResult {
+            schema_version: 1,
+            kind: "bench".into(),
+            model: mf.name.clone(),
+            model_bytes: mf.bytes,
+            params: mf.params,
+            wtype: mf.wtype.clone(),
+            backend: backend_name.clone(),
+            profile: profile.clone(),
+            gpu: gpu.clone(),
+            test: label,
+            n_prompt: *p,
+            n_gen: *g,
+            depth: args.depth,
+            ubatch: args.ubatch as usize,
+            reps: tps.len(),
+            tps_mean: m,
+            tps_sd: sd,
+            tps_min: tps.iter().copied().fold(f64::INFINITY, f64::min),
+            tps_max: tps.iter().copied().fold(0.0, f64::max),
+            samples: tps
+                .iter()
+                .map(|v| format!("{v}"))
+                .collect::<Vec<_>>()
+                .join(";"),
+        });
+    }
+    if args.cuda.profile_phases {
+        crate::engine_opts::print_phases(engine.as_mut());
+    }
+    let mut out = std::io::stdout().lock();
+    match args.output {
+        Output::Md => {
+            writeln!(
+                out,
+                "| model | size | params | backend | profile | gpu | test | t/s |"
+            )?;
+            writeln!(out, "| --- | ---: | ---: | --- | --- | --- | --- | ---: |")?;
+            for r in &results {
+                writeln!(
+                    out,
+                    "| {} {} | {:.2} GiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                    r.model,
+                    r.wtype,
+                    r.model_bytes as f64 / (1u64 << 30) as f64,
+                    crate::cmd::info::format_params(r.params),
+                    r.backend,
+                    r.profile,
+                    r.gpu,
+                    r.test,
+                    r.tps_mean,
+                    r.tps_sd
+                )?;
+            }
+        }
+        Output::Csv => {
+            let mut w = csv::Writer::from_writer(out);
+            for r in &results {
+                w.serialize(r)?;
+            }
+            w.flush()?;
+        }
+        Output::Json => {
+            serde_json::to_writer_pretty(&mut out, &results)?;
+            writeln!(out)?;
+        }
+    }
+    Ok(Exit::Pass)
+}
+
+fn phases_json(p: &Option<PhaseTimes>) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    if let Some(p) = p {
+        for (name, ms, _) in &p.phases {
+            m.insert(name.clone(), serde_json::json!(ms));
+        }
+    }
+    serde_json::Value::Object(m)
+}
+
+/// The `ab` worker: JSON lines on stdin, one reply line each on stdout.
+fn worker(e: &mut dyn Engine, model: &Model, path: &Path, args: &Args) -> anyhow::Result<Exit> {
+    let mf = facts(model, path);
+    let backend = e.backend().to_string();
+    let mut out = std::io::stdout().lock();
+    let gpu = if backend == "cuda" {
+        gemtune_kernels::gpu::Gpu::new(args.cuda.device)
+            .map(|g| {
+                let i = g.info();
+                serde_json::json!({"name": i.name, "driver": i.driver_version.to_string(), "sm_count": i.sm_count})
+            })
+            .unwrap_or(serde_json::Value::Null)
+    } else {
+        serde_json::Value::Null
+    };
+    let slots: serde_json::Map<String, serde_json::Value> = e
+        .describe()
+        .into_iter()
+        .filter_map(|l| {
+            l.split_once(": ")
+                .map(|(a, b)| (a.to_string(), serde_json::json!(b)))
+        })
+        .collect();
+    let ready = serde_json::json!({
+        "ready": true,
+        "version": env!("CARGO_PKG_VERSION"),
+        "git": option_env!("GEMTUNE_GIT_SHA").unwrap_or(""),
+        "model": {"path": path.display().to_string(), "name": mf.name, "wtype": mf.wtype, "bytes": mf.bytes, "params": mf.params},
+        "backend": backend,
+        "profile": args.cuda.profile,
+        "gpu": gpu,
+        "slots": slots,
+    });
+    writeln!(out, "{ready}")?;
+    out.flush()?;
+    let sampler = gemtune_kernels::clocks::ClockSampler::start(
+        &gemtune_kernels::gpu::Gpu::new(args.cuda.device)
+            .map(|g| g.info().pci_bus_id.clone())
+            .unwrap_or_default(),
+        std::time::Duration::from_millis(20),
+    )
+    .ok();
+    let stdin = std::io::stdin();
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match serde_json::from_str::<serde_json::Value>(&line) {
+            Err(err) => serde_json::json!({"ok": false, "error": format!("not JSON: {err}")}),
+            Ok(req) => match req.get("op").and_then(|v| v.as_str()) {
+                Some("quit") => break,
+                Some("logits") => worker_logits(e, &req).unwrap_or_else(
+                    |err| serde_json::json!({"ok": false, "error": format!("{err:#}")}),
+                ),
+                Some("bench") => {
+                    let t0 = gemtune_kernels::clocks::now_s();
+                    match worker_bench(e, &req, &mut rng) {
+                        Ok(mut v) => {
+                            let t1 = gemtune_kernels::clocks::now_s();
+                            if let Some(s) = &sampler {
+                                if let Some(w) = s.window(t0, t0, t1) {
+                                    v["clocks"] = serde_json::json!({
+                                        "sm_mhz_min": w.sm_min_mhz,
+                                        "sm_mhz_mean": w.sm_mean_mhz,
+                                        "mem_mhz": w.mem_min_mhz,
+                                        "temp_c_max": w.temp_max_c,
+                                        "power_w_max": w.power_max_w,
+                                        "throttle": gemtune_kernels::clocks::reason_names(w.reasons),
+                                    });
+                                }
+                            }
+                            v
+                        }
+                        Err(err) => serde_json::json!({"ok": false, "error": format!("{err:#}")}),
+                    }
+                }
+                other => serde_json::json!({"ok": false, "error": format!("unknown op {other:?}")}),
+            },
+        };
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+    }
+    Ok(Exit::Pass)
+}
+
+fn worker_logits(e: &mut dyn Engine, req: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    let tokens: Vec<u32> = req
+        .get("tokens")
+        .and_then(|t| t.as_array())
+        .context("logits: `tokens` must be an array of ids")?
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .map(|x| x as u32)
+                .context("logits: token ids must be integers")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let rows = match req.get("rows").and_then(|v| v.as_str()).unwrap_or("last") {
+        "all" => LogitRows::All,
+        "last" => LogitRows::Last,
+        other => bail!("logits: rows must be \"all\" or \"last\", not {other:?}"),
+    };
+    let path = req
+        .get("path")
+        .and_then(|v| v.as_str())
+        .context("logits: `path` is required")?;
+    e.reset();
+    let l = e.forward(&tokens, rows)?;
+    let mut bytes = Vec::with_capacity(l.data.len() * 4);
+    for v in &l.data {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {path}"))?;
+    Ok(serde_json::json!({"ok": true, "rows": l.n_rows(), "vocab": l.vocab}))
+}
+
+fn worker_bench(
+    e: &mut dyn Engine,
+    req: &serde_json::Value,
+    rng: &mut ChaCha8Rng,
+) -> anyhow::Result<serde_json::Value> {
+    let get = |k: &str| req.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    let (p, g, d) = (get("n_prompt"), get("n_gen"), get("depth"));
+    let want_phases = req.get("phases").and_then(|v| v.as_bool()).unwrap_or(false);
+    if want_phases && !e.set_phases(true) {
+        bail!("bench: this backend does not measure phases");
+    }
+    if p + g + d + 1 > e.max_seq() {
+        bail!(
+            "bench: depth + prompt + generation = {} exceeds the worker's context of {}",
+            p + g + d,
+            e.max_seq()
+        );
+    }
+    let _ = e.take_phases();
+    let vocab = e.model().vocab_size();
+    e.reset();
+    if d > 0 {
+        e.forward(&random_tokens(rng, d, vocab), LogitRows::None)?;
+    }
+    let _ = e.take_phases();
+    let mut v = serde_json::json!({"ok": true});
+    if p > 0 {
+        let prompt = random_tokens(rng, p, vocab);
+        let t = Instant::now();
+        e.forward(&prompt, LogitRows::Last)?;
+        let s = t.elapsed().as_secs_f64();
+        v["pp_ms"] = serde_json::json!(s * 1e3);
+        v["pp_tps"] = serde_json::json!(p as f64 / s);
+    }
+    let pp_phases = e.take_phases();
+    if g > 0 {
+        let toks = random_tokens(rng, g, vocab);
+        let t = Instant::now();
+        for &tok in &toks {
+            e.forward(&[tok], LogitRows::Last)?;
+        }
+        let s = t.elapsed().as_secs_f64();
+        v["tg_ms"] = serde_json::json!(s * 1e3);
+        v["tg_tps"] = serde_json::json!(g as f64 / s);
+    }
+    let mut tg_phases = e.take_phases();
+    if let Some(tp) = tg_phases.as_mut() {
+        for ph in tp.phases.iter_mut() {
+            ph.1 /= g.max(1) as f64;
+        }
+    }
+    if want_phases {
+        v["phases"] = serde_json::json!({"prefill": phases_json(&pp_phases), "decode": phases_json(&tg_phases)});
+        e.set_phases(false);
+    }
+    Ok(v)
+}
