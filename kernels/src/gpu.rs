@@ -570,6 +570,13 @@ pub struct Module {
     pub attribute_notes: Vec<String>,
 }
 
+// SAFETY: a CUmodule and its CUfunctions are driver handles with no thread
+// affinity: any thread may use them once the owning context is current
+// (every use here binds it first), and the module is unloaded only in Drop.
+unsafe impl Send for Module {}
+// SAFETY: as above; nothing reachable through &Module mutates the handles.
+unsafe impl Sync for Module {}
+
 impl Module {
     /// The entry `name`, one of the kernels `Gpu::load` found in the cubin.
     pub fn function(&self, name: &str) -> Result<sys::CUfunction, GpuError> {

@@ -1,20 +1,23 @@
-//! The CPU forward pass (spec §3), batched prefill and single-token decode in
-//! one code path: decode is a batch of one.
+//! The CPU forward pass (`docs/gemma4.md`), batched prefill and single-token
+//! decode in one code path: decode is a batch of one.
 //!
-//! Per batch of T tokens at positions `pos .. pos+T`:
-//! 1. `x = E[token] · √d` (dequant-on-gather of one row, f32 scale).
-//! 2. PLE (E-models): `ple = (RMSNorm_P(W_pl · x / √d) + E_pl[token] · √P) / √2`,
-//!    normalised per P-wide chunk, chunk `l` feeding layer `l`.
-//! 3. Every layer: sandwich-normed attention (q/k norms, weightless V norm, V
-//!    never roped, V = raw K projection on k_eq_v layers, KV-shared layers read
-//!    their donor's cache and compute no K/V), sandwich-normed gated GELU FFN
-//!    with the layer's own width, PLE injection after the FFN residual, and the
-//!    layer scalar on the whole stream.
-//! 4. Final norm, tied head (`token_embd`), softcap — only for the rows whose
-//!    logits were asked for (the head is vocab × d).
+//! Per batch of T tokens at positions `pos .. pos+T`, the named stages (the
+//! CUDA forward in `cuda::forward` has the same ones):
+//! - `embed`: `x = E[token] · √d` (dequant-on-gather of one row, f32 scale);
+//! - `per_layer_inputs` (E-models): `ple = (RMSNorm_P(W_pl · x / √d) +
+//!   E_pl[token] · √P) / √2`, normalised per P-wide chunk, chunk `l` feeding
+//!   layer `l`;
+//! - per layer: `attention_block` (sandwich-normed attention: q/k norms,
+//!   weightless V norm, V never roped, V = raw K projection on k_eq_v layers,
+//!   KV-shared layers read their donor's cache and compute no K/V),
+//!   `ffn_block` (sandwich-normed gated GELU FFN with the layer's own width),
+//!   `ple_injection` after the FFN residual, and `layer_scale` on the whole
+//!   stream;
+//! - `head`: final norm, tied head (`token_embd`), softcap — only for the
+//!   rows whose logits were asked for (the head is vocab × d).
 //!
 //! From the first KV-shared layer on (no later layer writes a cache), only the
-//! rows whose logits are wanted are carried on (spec §3.5: exact, because no
+//! rows whose logits are wanted are carried on (exact, because no
 //! later layer's output at one position feeds another position). Prefills
 //! longer than `max_batch` are cut into batches of `max_batch` (see `kv_cache`).
 //!
@@ -421,7 +424,6 @@ impl<'m> CpuEngine<'m> {
         let cfg = m.config();
         let w = m.weights();
         let d = cfg.d_model;
-        let eps = cfg.rms_eps;
         let nt = tokens.len();
         let pos0 = self.pos;
         let Self {
@@ -433,244 +435,34 @@ impl<'m> CpuEngine<'m> {
             compact_at,
             ..
         } = self;
-        let (hs, hf) = (rope_swa.half(), rope_full.half());
-
-        for t in 0..nt {
-            rope_swa.fill(
-                pos0 + t,
-                &mut s.cos_swa[t * hs..(t + 1) * hs],
-                &mut s.sin_swa[t * hs..(t + 1) * hs],
-            );
-            rope_full.fill(
-                pos0 + t,
-                &mut s.cos_full[t * hf..(t + 1) * hf],
-                &mut s.sin_full[t * hf..(t + 1) * hf],
-            );
-        }
-
-        // Embedding.
-        let scale = cfg.embed_scale();
-        for (t, &tok) in tokens.iter().enumerate() {
-            let xr = &mut s.x[t * d..(t + 1) * d];
-            quant::dequantize_row(w.token_embd.ty, m.mat_row(&w.token_embd, tok as usize), xr)?;
-            for v in xr.iter_mut() {
-                *v *= scale;
-            }
-        }
-
-        // Per-layer embeddings.
-        let pd = cfg.ple_dim;
-        let lp = cfg.n_layers * pd;
-        if let Some(pw) = &w.ple {
-            mm(
-                m,
-                &pw.model_proj,
-                &s.x[..nt * d],
-                nt,
-                &mut s.ple_proj[..nt * lp],
-            )?;
-            let tok_scale = (pd as f32).sqrt();
-            let proj_scale = 1.0 / (d as f32).sqrt();
-            for (t, &tok) in tokens.iter().enumerate() {
-                let row = &mut s.ple[t * lp..(t + 1) * lp];
-                quant::dequantize_row(
-                    pw.token_embd.ty,
-                    m.mat_row(&pw.token_embd, tok as usize),
-                    row,
-                )?;
-                let proj = &mut s.ple_proj[t * lp..(t + 1) * lp];
-                for chunk in proj.chunks_exact_mut(pd) {
-                    for v in chunk.iter_mut() {
-                        *v *= proj_scale;
-                    }
-                    ops::rms_norm_inplace(chunk, Some(&pw.proj_norm), eps);
-                }
-                for (e, &p) in row.iter_mut().zip(proj.iter()) {
-                    *e = (p + *e * tok_scale) * FRAC_1_SQRT_2;
-                }
-            }
-        }
+        rope_tables(s, rope_swa, rope_full, pos0, nt);
+        embed(m, s, tokens)?;
+        per_layer_inputs(m, s, tokens)?;
+        let lp = cfg.n_layers * cfg.ple_dim;
 
         s.active.clear();
         s.active.extend(0..nt);
         let mut compacted = false;
-
+        let half = |kind: AttnKind| match kind {
+            AttnKind::Sliding => rope_swa.half(),
+            AttnKind::Full => rope_full.half(),
+        };
         for (l, (lc, lw)) in cfg.layers.iter().zip(&w.layers).enumerate() {
             if l == *compact_at {
                 compact(s, d, lp);
                 compacted = true;
             }
-            let rows = s.active.len();
-            if rows == 0 {
+            if s.active.is_empty() {
                 break;
             }
             s.qpos.clear();
             s.qpos.extend(s.active.iter().map(|&t| pos0 + t));
-            let hd = lc.head_dim;
-            let nq = lc.n_heads;
-            let qd = lc.q_dim();
-            let (cos, sin, half) = match lc.kind {
-                AttnKind::Sliding => (&s.cos_swa, &s.sin_swa, hs),
-                AttnKind::Full => (&s.cos_full, &s.sin_full, hf),
-            };
-
-            // 1. Pre-attention norm.
-            for r in 0..rows {
-                ops::rms_norm_into(
-                    &s.x[r * d..(r + 1) * d],
-                    &lw.attn_norm,
-                    eps,
-                    &mut s.a[r * d..(r + 1) * d],
-                );
-            }
-            // 2. Q: project, per-head norm, rope.
-            mm(m, &lw.attn_q, &s.a[..rows * d], rows, &mut s.q[..rows * qd])?;
-            for r in 0..rows {
-                let t = s.active[r];
-                let (c, sn) = (
-                    &cos[t * half..(t + 1) * half],
-                    &sin[t * half..(t + 1) * half],
-                );
-                for head in s.q[r * qd..(r + 1) * qd].chunks_exact_mut(hd) {
-                    ops::rms_norm_inplace(head, Some(&lw.attn_q_norm), eps);
-                    rope::apply(head, c, sn);
-                }
-            }
-            // K/V of layers that own a cache.
-            if let (Some(wk), Some(kn), Some(lkv)) =
-                (&lw.attn_k, &lw.attn_k_norm, cache.layer_mut(l))
-            {
-                let kvd = lc.kv_dim();
-                mm(m, wk, &s.a[..rows * d], rows, &mut s.k[..rows * kvd])?;
-                match &lw.attn_v {
-                    Some(wv) => mm(m, wv, &s.a[..rows * d], rows, &mut s.v[..rows * kvd])?,
-                    // k_eq_v: V is the raw K projection, before k_norm and rope.
-                    None => s.v[..rows * kvd].copy_from_slice(&s.k[..rows * kvd]),
-                }
-                for r in 0..rows {
-                    let t = s.active[r];
-                    let (c, sn) = (
-                        &cos[t * half..(t + 1) * half],
-                        &sin[t * half..(t + 1) * half],
-                    );
-                    let (kc, vc) = lkv.write_slot(pos0 + t);
-                    kc.copy_from_slice(&s.k[r * kvd..(r + 1) * kvd]);
-                    vc.copy_from_slice(&s.v[r * kvd..(r + 1) * kvd]);
-                    for head in kc.chunks_exact_mut(hd) {
-                        ops::rms_norm_inplace(head, Some(kn), eps);
-                        rope::apply(head, c, sn);
-                    }
-                    for head in vc.chunks_exact_mut(hd) {
-                        ops::rms_norm_inplace(head, None, eps);
-                    }
-                }
-            }
-            // 3. Attention over this layer's cache (the donor's when shared).
-            let window = match lc.kind {
-                AttnKind::Sliding => Some(cfg.sliding_window),
-                AttnKind::Full => None,
-            };
-            attention::attend(
-                &s.q[..rows * qd],
-                &s.qpos,
-                cache.for_layer(l),
-                nq,
-                window,
-                &mut s.o[..rows * qd],
-            );
+            attention_block(m, s, cache, trace.as_mut(), l, lc, lw, half(lc.kind))?;
+            ffn_block(m, s, lw, lc.ffn_dim)?;
+            ple_injection(m, s, l, lw)?;
+            layer_scale(m, s, lw);
             if let Some(tr) = trace.as_mut() {
-                let lt = &mut tr.layers[l];
-                lt.positions.extend_from_slice(&s.qpos);
-                lt.attn_in.extend_from_slice(&s.a[..rows * d]);
-                lt.q.extend_from_slice(&s.q[..rows * qd]);
-                lt.attn.extend_from_slice(&s.o[..rows * qd]);
-            }
-            mm(
-                m,
-                &lw.attn_output,
-                &s.o[..rows * qd],
-                rows,
-                &mut s.y[..rows * d],
-            )?;
-            // 4. Sandwich norm on the attention residual.
-            for r in 0..rows {
-                ops::add_rms_normed(
-                    &mut s.x[r * d..(r + 1) * d],
-                    &s.y[r * d..(r + 1) * d],
-                    &lw.post_attention_norm,
-                    eps,
-                );
-            }
-            // 5-6. Gated GELU FFN, sandwich-normed.
-            let ff = lc.ffn_dim;
-            for r in 0..rows {
-                ops::rms_norm_into(
-                    &s.x[r * d..(r + 1) * d],
-                    &lw.ffn_norm,
-                    eps,
-                    &mut s.a[r * d..(r + 1) * d],
-                );
-            }
-            mm(
-                m,
-                &lw.ffn_gate,
-                &s.a[..rows * d],
-                rows,
-                &mut s.gate[..rows * ff],
-            )?;
-            mm(
-                m,
-                &lw.ffn_up,
-                &s.a[..rows * d],
-                rows,
-                &mut s.up[..rows * ff],
-            )?;
-            ops::gelu_mul(&mut s.gate[..rows * ff], &s.up[..rows * ff]);
-            mm(
-                m,
-                &lw.ffn_down,
-                &s.gate[..rows * ff],
-                rows,
-                &mut s.y[..rows * d],
-            )?;
-            for r in 0..rows {
-                ops::add_rms_normed(
-                    &mut s.x[r * d..(r + 1) * d],
-                    &s.y[r * d..(r + 1) * d],
-                    &lw.post_ffw_norm,
-                    eps,
-                );
-            }
-            // 7. PLE injection after the FFN residual.
-            if let Some(pl) = &lw.ple {
-                mm(
-                    m,
-                    &pl.inp_gate,
-                    &s.x[..rows * d],
-                    rows,
-                    &mut s.pg[..rows * pd],
-                )?;
-                for r in 0..rows {
-                    let g = &mut s.pg[r * pd..(r + 1) * pd];
-                    ops::gelu_mul(g, &s.ple[r * lp + l * pd..r * lp + (l + 1) * pd]);
-                }
-                mm(m, &pl.proj, &s.pg[..rows * pd], rows, &mut s.y[..rows * d])?;
-                for r in 0..rows {
-                    ops::add_rms_normed(
-                        &mut s.x[r * d..(r + 1) * d],
-                        &s.y[r * d..(r + 1) * d],
-                        &pl.post_norm,
-                        eps,
-                    );
-                }
-            }
-            // 8. Layer scalar on the whole stream.
-            if lw.layer_scale != 1.0 {
-                for v in s.x[..rows * d].iter_mut() {
-                    *v *= lw.layer_scale;
-                }
-            }
-            if let Some(tr) = trace.as_mut() {
+                let rows = s.active.len();
                 tr.layers[l].out.extend_from_slice(&s.x[..rows * d]);
             }
         }
@@ -678,6 +470,301 @@ impl<'m> CpuEngine<'m> {
             compact(s, d, lp);
         }
         Ok(())
+    }
+}
+
+/// cos/sin of every position of the batch, per layer kind (shared by all
+/// heads and layers of that kind).
+fn rope_tables(s: &mut Scratch, swa: &RopeFreqs, full: &RopeFreqs, pos0: usize, nt: usize) {
+    let (hs, hf) = (swa.half(), full.half());
+    for t in 0..nt {
+        swa.fill(
+            pos0 + t,
+            &mut s.cos_swa[t * hs..(t + 1) * hs],
+            &mut s.sin_swa[t * hs..(t + 1) * hs],
+        );
+        full.fill(
+            pos0 + t,
+            &mut s.cos_full[t * hf..(t + 1) * hf],
+            &mut s.sin_full[t * hf..(t + 1) * hf],
+        );
+    }
+}
+
+/// Embedding: `x = E[token] * sqrt(d)` (dequant-on-gather of one row).
+fn embed(m: &Model, s: &mut Scratch, tokens: &[u32]) -> Result<(), ForwardError> {
+    let cfg = m.config();
+    let w = m.weights();
+    let d = cfg.d_model;
+    let scale = cfg.embed_scale();
+    for (t, &tok) in tokens.iter().enumerate() {
+        let xr = &mut s.x[t * d..(t + 1) * d];
+        quant::dequantize_row(w.token_embd.ty, m.mat_row(&w.token_embd, tok as usize), xr)?;
+        for v in xr.iter_mut() {
+            *v *= scale;
+        }
+    }
+    Ok(())
+}
+
+/// Per-layer inputs (E-models): `ple = (RMSNorm_P(W_pl x / sqrt(d)) +
+/// E_pl[token] sqrt(P)) / sqrt(2)`, normalised per P-wide chunk.
+fn per_layer_inputs(m: &Model, s: &mut Scratch, tokens: &[u32]) -> Result<(), ForwardError> {
+    let cfg = m.config();
+    let Some(pw) = &m.weights().ple else {
+        return Ok(());
+    };
+    let d = cfg.d_model;
+    let eps = cfg.rms_eps;
+    let nt = tokens.len();
+    let pd = cfg.ple_dim;
+    let lp = cfg.n_layers * pd;
+    mm(
+        m,
+        &pw.model_proj,
+        &s.x[..nt * d],
+        nt,
+        &mut s.ple_proj[..nt * lp],
+    )?;
+    let tok_scale = (pd as f32).sqrt();
+    let proj_scale = 1.0 / (d as f32).sqrt();
+    for (t, &tok) in tokens.iter().enumerate() {
+        let row = &mut s.ple[t * lp..(t + 1) * lp];
+        quant::dequantize_row(
+            pw.token_embd.ty,
+            m.mat_row(&pw.token_embd, tok as usize),
+            row,
+        )?;
+        let proj = &mut s.ple_proj[t * lp..(t + 1) * lp];
+        for chunk in proj.chunks_exact_mut(pd) {
+            for v in chunk.iter_mut() {
+                *v *= proj_scale;
+            }
+            ops::rms_norm_inplace(chunk, Some(&pw.proj_norm), eps);
+        }
+        for (e, &p) in row.iter_mut().zip(proj.iter()) {
+            *e = (p + *e * tok_scale) * FRAC_1_SQRT_2;
+        }
+    }
+    Ok(())
+}
+
+/// Attention block of layer `l` over the live rows: pre-attention norm, Q
+/// (per-head norm, RoPE), K/V into the cache on KV-owning layers (V is the
+/// raw K projection on k_eq_v layers, weightless-normed and never roped),
+/// attention over the layer's (or its donor's) cache, the output
+/// projection and the sandwich norm on the residual.
+#[allow(clippy::too_many_arguments)]
+fn attention_block(
+    m: &Model,
+    s: &mut Scratch,
+    cache: &mut KvCache,
+    trace: Option<&mut Trace>,
+    l: usize,
+    lc: &crate::config::LayerConfig,
+    lw: &crate::model::LayerWeights,
+    half: usize,
+) -> Result<(), ForwardError> {
+    let cfg = m.config();
+    let d = cfg.d_model;
+    let eps = cfg.rms_eps;
+    let rows = s.active.len();
+    let pos0 = s.qpos[0] - s.active[0];
+    let hd = lc.head_dim;
+    let nq = lc.n_heads;
+    let qd = lc.q_dim();
+    let (cos, sin) = match lc.kind {
+        AttnKind::Sliding => (&s.cos_swa, &s.sin_swa),
+        AttnKind::Full => (&s.cos_full, &s.sin_full),
+    };
+    // Pre-attention norm.
+    for r in 0..rows {
+        ops::rms_norm_into(
+            &s.x[r * d..(r + 1) * d],
+            &lw.attn_norm,
+            eps,
+            &mut s.a[r * d..(r + 1) * d],
+        );
+    }
+    // Q: project, per-head norm, rope.
+    mm(m, &lw.attn_q, &s.a[..rows * d], rows, &mut s.q[..rows * qd])?;
+    for r in 0..rows {
+        let t = s.active[r];
+        let (c, sn) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        for head in s.q[r * qd..(r + 1) * qd].chunks_exact_mut(hd) {
+            ops::rms_norm_inplace(head, Some(&lw.attn_q_norm), eps);
+            rope::apply(head, c, sn);
+        }
+    }
+    // K/V of layers that own a cache.
+    if let (Some(wk), Some(kn), Some(lkv)) = (&lw.attn_k, &lw.attn_k_norm, cache.layer_mut(l)) {
+        let kvd = lc.kv_dim();
+        mm(m, wk, &s.a[..rows * d], rows, &mut s.k[..rows * kvd])?;
+        match &lw.attn_v {
+            Some(wv) => mm(m, wv, &s.a[..rows * d], rows, &mut s.v[..rows * kvd])?,
+            // k_eq_v: V is the raw K projection, before k_norm and rope.
+            None => s.v[..rows * kvd].copy_from_slice(&s.k[..rows * kvd]),
+        }
+        for r in 0..rows {
+            let t = s.active[r];
+            let (c, sn) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            let (kc, vc) = lkv.write_slot(pos0 + t);
+            kc.copy_from_slice(&s.k[r * kvd..(r + 1) * kvd]);
+            vc.copy_from_slice(&s.v[r * kvd..(r + 1) * kvd]);
+            for head in kc.chunks_exact_mut(hd) {
+                ops::rms_norm_inplace(head, Some(kn), eps);
+                rope::apply(head, c, sn);
+            }
+            for head in vc.chunks_exact_mut(hd) {
+                ops::rms_norm_inplace(head, None, eps);
+            }
+        }
+    }
+    // Attention over this layer's cache (the donor's when shared).
+    let window = match lc.kind {
+        AttnKind::Sliding => Some(cfg.sliding_window),
+        AttnKind::Full => None,
+    };
+    attention::attend(
+        &s.q[..rows * qd],
+        &s.qpos,
+        cache.for_layer(l),
+        nq,
+        window,
+        &mut s.o[..rows * qd],
+    );
+    if let Some(tr) = trace {
+        let lt = &mut tr.layers[l];
+        lt.positions.extend_from_slice(&s.qpos);
+        lt.attn_in.extend_from_slice(&s.a[..rows * d]);
+        lt.q.extend_from_slice(&s.q[..rows * qd]);
+        lt.attn.extend_from_slice(&s.o[..rows * qd]);
+    }
+    mm(
+        m,
+        &lw.attn_output,
+        &s.o[..rows * qd],
+        rows,
+        &mut s.y[..rows * d],
+    )?;
+    // Sandwich norm on the attention residual.
+    for r in 0..rows {
+        ops::add_rms_normed(
+            &mut s.x[r * d..(r + 1) * d],
+            &s.y[r * d..(r + 1) * d],
+            &lw.post_attention_norm,
+            eps,
+        );
+    }
+    Ok(())
+}
+
+/// FFN block: pre-FFN norm, gated GELU (`down(gelu(gate x) * up x)`) with
+/// the layer's own width, and the sandwich norm on the residual.
+fn ffn_block(
+    m: &Model,
+    s: &mut Scratch,
+    lw: &crate::model::LayerWeights,
+    ff: usize,
+) -> Result<(), ForwardError> {
+    let cfg = m.config();
+    let d = cfg.d_model;
+    let eps = cfg.rms_eps;
+    let rows = s.active.len();
+    for r in 0..rows {
+        ops::rms_norm_into(
+            &s.x[r * d..(r + 1) * d],
+            &lw.ffn_norm,
+            eps,
+            &mut s.a[r * d..(r + 1) * d],
+        );
+    }
+    mm(
+        m,
+        &lw.ffn_gate,
+        &s.a[..rows * d],
+        rows,
+        &mut s.gate[..rows * ff],
+    )?;
+    mm(
+        m,
+        &lw.ffn_up,
+        &s.a[..rows * d],
+        rows,
+        &mut s.up[..rows * ff],
+    )?;
+    ops::gelu_mul(&mut s.gate[..rows * ff], &s.up[..rows * ff]);
+    mm(
+        m,
+        &lw.ffn_down,
+        &s.gate[..rows * ff],
+        rows,
+        &mut s.y[..rows * d],
+    )?;
+    for r in 0..rows {
+        ops::add_rms_normed(
+            &mut s.x[r * d..(r + 1) * d],
+            &s.y[r * d..(r + 1) * d],
+            &lw.post_ffw_norm,
+            eps,
+        );
+    }
+    Ok(())
+}
+
+/// PLE injection (E-models), after the FFN residual:
+/// `x += RMSNorm(proj(gelu(inp_gate x) * ple[l]), post_norm)`.
+fn ple_injection(
+    m: &Model,
+    s: &mut Scratch,
+    l: usize,
+    lw: &crate::model::LayerWeights,
+) -> Result<(), ForwardError> {
+    let cfg = m.config();
+    let d = cfg.d_model;
+    let eps = cfg.rms_eps;
+    let rows = s.active.len();
+    let pd = cfg.ple_dim;
+    let lp = cfg.n_layers * pd;
+    if let Some(pl) = &lw.ple {
+        mm(
+            m,
+            &pl.inp_gate,
+            &s.x[..rows * d],
+            rows,
+            &mut s.pg[..rows * pd],
+        )?;
+        for r in 0..rows {
+            let g = &mut s.pg[r * pd..(r + 1) * pd];
+            ops::gelu_mul(g, &s.ple[r * lp + l * pd..r * lp + (l + 1) * pd]);
+        }
+        mm(m, &pl.proj, &s.pg[..rows * pd], rows, &mut s.y[..rows * d])?;
+        for r in 0..rows {
+            ops::add_rms_normed(
+                &mut s.x[r * d..(r + 1) * d],
+                &s.y[r * d..(r + 1) * d],
+                &pl.post_norm,
+                eps,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The layer scalar multiplies the whole residual stream.
+fn layer_scale(m: &Model, s: &mut Scratch, lw: &crate::model::LayerWeights) {
+    let d = m.config().d_model;
+    let rows = s.active.len();
+    if lw.layer_scale != 1.0 {
+        for v in s.x[..rows * d].iter_mut() {
+            *v *= lw.layer_scale;
+        }
     }
 }
 

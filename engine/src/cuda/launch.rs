@@ -12,7 +12,7 @@ use gemtune_kernels::bind::rows as brows;
 use gemtune_kernels::bind::{Act, ActFormat, DevPtr, NULL};
 use gemtune_kernels::defines::DefineValue;
 use gemtune_kernels::family::{AttnProblem, Problem, RowsProblem};
-use gemtune_kernels::gpu::KArg;
+use gemtune_kernels::gpu::{DeviceBuffer, KArg};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::reference::cublas::GemmType;
 
@@ -180,22 +180,16 @@ impl CudaEngine<'_> {
         phase: &'static str,
         w: &GpuMatrix,
         x: &Act,
-        y: DevPtr,
-        y_buf_zero: Option<&gemtune_kernels::gpu::DeviceBuffer>,
+        y: &DeviceBuffer,
         m: usize,
     ) -> Result<(), EngineError> {
         if self.planner.vendor(&super::forward::slot_for(kind, m)) {
-            return self.vendor_matmul(kind, phase, w, x, y, y_buf_zero, m);
+            return self.vendor_matmul(kind, phase, w, x, y, m);
         }
         let (pl, b) = self.matmul_kernel(kind, w, m).map_err(plan_err)?;
         self.mark(phase)?;
         if b.zero_output {
-            let buf = y_buf_zero.ok_or_else(|| {
-                EngineError::Device(format!("{kind}: split-K output needs a zeroable buffer"))
-            })?;
-            self.gpu
-                .fill_u32_range(buf, (y - buf.ptr()) as usize, m * w.n, 0)
-                .map_err(dev)?;
+            self.gpu.fill_u32_range(y, 0, m * w.n, 0).map_err(dev)?;
         }
         let ws: Vec<Weights> = (0..b.matrices)
             .map(|i| w.weights_from(b.layout, i * w.n / b.matrices))
@@ -203,22 +197,20 @@ impl CudaEngine<'_> {
             .map_err(dev)?;
         let n = w.n / b.matrices;
         let args = b
-            .kargs(&ws, x, y, m, n, w.k)
+            .kargs(&ws, x, y.ptr(), m, n, w.k)
             .map_err(|e| EngineError::Device(format!("{kind}: {e}")))?;
         pl.kernel.launch(&self.gpu, &args).map_err(dev)
     }
 
     /// The vendor arm: `x` (f32) converted to bf16 by `act_convert`, then
     /// cuBLAS's bf16 GEMM on the weights dequantized at load.
-    #[allow(clippy::too_many_arguments)]
     fn vendor_matmul(
         &self,
         kind: &str,
         phase: &'static str,
         w: &GpuMatrix,
         x: &Act,
-        y: DevPtr,
-        y_buf: Option<&gemtune_kernels::gpu::DeviceBuffer>,
+        y: &DeviceBuffer,
         m: usize,
     ) -> Result<(), EngineError> {
         let err = |m: String| EngineError::Device(format!("{kind} (cuBLAS): {m}"));
@@ -226,9 +218,9 @@ impl CudaEngine<'_> {
             .cublas
             .as_ref()
             .ok_or_else(|| err("cuBLAS was not loaded".into()))?;
-        let (wb, yb) = match (w.bf16(), y_buf) {
-            (Some(wb), Some(yb)) if yb.ptr() == y && x.format == ActFormat::F32 => (wb, yb),
-            _ => return Err(err("the operands are not whole bf16/f32 buffers".into())),
+        let wb = match w.bf16() {
+            Some(wb) if x.format == ActFormat::F32 => wb,
+            _ => return Err(err("no bf16 weights, or operands not in f32".into())),
         };
         let p = rows_problem(m, w.k);
         let conv = self.plan_rows_kernel("act_convert", &p, &[])?;
@@ -241,16 +233,7 @@ impl CudaEngine<'_> {
         conv.kernel.launch(&self.gpu, &args).map_err(dev)?;
         self.mark(phase)?;
         cublas
-            .gemm_tn(
-                &self.gpu,
-                GemmType::Bf16,
-                m,
-                w.n,
-                w.k,
-                wb,
-                &self.b.act16,
-                yb,
-            )
+            .gemm_tn(&self.gpu, GemmType::Bf16, m, w.n, w.k, wb, &self.b.act16, y)
             .map_err(|e| err(e.to_string()))
     }
 
@@ -386,7 +369,7 @@ pub(super) fn per_layer_inputs(e: &CudaEngine<'_>, t: usize) -> Result<(), Engin
     };
     let x = e.convert_for("ple", mp, e.b.x.ptr(), t)?;
     let y = e.b.ple_proj.ptr();
-    e.matmul("ple", "gemm_ple", mp, &x, y, Some(&e.b.ple_proj), t)?;
+    e.matmul("ple", "gemm_ple", mp, &x, &e.b.ple_proj, t)?;
     let lp = cfg.n_layers * cfg.ple_dim;
     let p = Problem::Rows(RowsProblem {
         rows: t,
@@ -434,15 +417,7 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
     let fmt = e.act_format("qkv", &lw.qkv, r)?;
     let x_in = e.act(fmt);
     let qkv_buf = &e.b.qkv;
-    e.matmul(
-        "qkv",
-        "gemm_qkv",
-        &lw.qkv,
-        &x_in,
-        qkv_buf.ptr(),
-        Some(qkv_buf),
-        r,
-    )?;
+    e.matmul("qkv", "gemm_qkv", &lw.qkv, &x_in, qkv_buf, r)?;
 
     // Q/K norms, RoPE, K/V into the cache.
     let attn = e.attn_problem(l, r);
@@ -515,7 +490,7 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
     // Output projection and the sandwich norm.
     let o = e.convert_for("o", &lw.o, e.b.o.ptr(), r)?;
     let y_buf = &e.b.y;
-    e.matmul("o", "gemm_o", &lw.o, &o, y_buf.ptr(), Some(y_buf), r)?;
+    e.matmul("o", "gemm_o", &lw.o, &o, y_buf, r)?;
     let fmt = e.act_format("gate_up", &lw.gate_up, r)?;
     let out = e.act(fmt);
     e.rmsnorm(
@@ -543,27 +518,11 @@ pub(super) fn ffn_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Result<(), 
     let h_act = if gb.matrices == 2 {
         // The fused GEMV writes gelu(gate) * up itself, f32.
         let h = &e.b.h;
-        e.matmul(
-            "gate_up",
-            "gemm_gate_up",
-            &lw.gate_up,
-            &x,
-            h.ptr(),
-            Some(h),
-            r,
-        )?;
+        e.matmul("gate_up", "gemm_gate_up", &lw.gate_up, &x, h, r)?;
         e.convert_for("down", &lw.down, h.ptr(), r)?
     } else {
         let gu = &e.b.gu;
-        e.matmul(
-            "gate_up",
-            "gemm_gate_up",
-            &lw.gate_up,
-            &x,
-            gu.ptr(),
-            Some(gu),
-            r,
-        )?;
+        e.matmul("gate_up", "gemm_gate_up", &lw.gate_up, &x, gu, r)?;
         let out = if down_fmt == ActFormat::F32 {
             Act::f32(e.b.h.ptr())
         } else {
@@ -582,7 +541,7 @@ pub(super) fn ffn_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Result<(), 
         out
     };
     let y = &e.b.y;
-    e.matmul("down", "gemm_down", &lw.down, &h_act, y.ptr(), Some(y), r)
+    e.matmul("down", "gemm_down", &lw.down, &h_act, y, r)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -647,7 +606,7 @@ pub(super) fn ple_injection(
     e.rmsnorm(x, Some((y.ptr(), lw.post_ffw_norm.ptr())), NULL, None, r, d)?;
     let xa = e.convert_for("ple", gate, x, r)?;
     let pg = &e.b.pg;
-    e.matmul("ple", "gemm_ple", gate, &xa, pg.ptr(), Some(pg), r)?;
+    e.matmul("ple", "gemm_ple", gate, &xa, pg, r)?;
     let p = cfg.ple_dim;
     let lp = cfg.n_layers * p;
     let fmt = e.act_format("ple", proj, r)?;
@@ -666,7 +625,7 @@ pub(super) fn ple_injection(
         r,
         p,
     )?;
-    e.matmul("ple", "gemm_ple", proj, &out, y.ptr(), Some(y), r)?;
+    e.matmul("ple", "gemm_ple", proj, &out, y, r)?;
     e.rmsnorm(x, Some((y.ptr(), post.ptr())), scale, next, r, d)
 }
 
@@ -702,7 +661,7 @@ pub(super) fn head(e: &CudaEngine<'_>, rows: Rows, r0: usize, r: usize) -> Resul
     let x = e.b.x.ptr() + (4 * r0 * d) as u64;
     e.rmsnorm(x, None, NULL, Some((e.w.output_norm.ptr(), out)), r, d)?;
     let logits = &e.b.logits;
-    e.matmul("head", "head", head, &out, logits.ptr(), Some(logits), r)?;
+    e.matmul("head", "head", head, &out, logits, r)?;
     if let Some(cap) = cfg.final_logit_softcap {
         let vocab = e.model.vocab_size();
         let pl = e.plan_rows_kernel("softcap", &rows_problem(r, vocab), &[])?;
