@@ -92,6 +92,21 @@ pub fn describe(f: &GgufFile, cfg: &Gemma4Config) -> anyhow::Result<String> {
         }
     )?;
 
+    // The CUDA engine's cache at its default sizes (SWA rings of window +
+    // ubatch - 1 slots, donors own none).
+    let seq = 4096.min(cfg.context_length);
+    let ub = gemtune_engine::cuda::DEFAULT_UBATCH.min(seq);
+    let kv = |t| gemtune_engine::cuda::cache_bytes(cfg, seq, ub, t);
+    use gemtune_kernels::family::KvType;
+    writeln!(
+        s,
+        "kv cache      {} positions, ubatch {ub}: f16 {} B, bf16 {} B, f32 {} B",
+        seq,
+        kv(KvType::F16),
+        kv(KvType::Bf16),
+        kv(KvType::F32)
+    )?;
+
     let mut by_type: BTreeMap<GgmlType, (usize, u64)> = BTreeMap::new();
     for t in f.tensors() {
         let e = by_type.entry(t.ty).or_default();

@@ -1,0 +1,224 @@
+//! The CUDA engine against the CPU reference engine, on a GPU.
+//!
+//! Every test needs a CUDA GPU (and NVRTC) and is ignored by default; run
+//! with `--include-ignored` on a GPU host. Without a GPU they fail: a GPU
+//! test never passes silently.
+//!
+//! - `strict` profile (f32 KV, fp-contract kernels): RMS-relative logit
+//!   error under 1e-4 against the CPU engine, on the tiny model and on an
+//!   E2B-shaped model, over 256 positions that cross the window.
+//! - `main` profile: top-1 agreement of 99% or more and RMS-relative error
+//!   under 1e-2.
+//! - Chunked prefill (several ubatch sizes, chunks crossing the window and
+//!   wrapping the ring) against one-shot prefill; prefill + decode against
+//!   a longer prefill.
+//! - Graph decode against `--no-graph`: bit-identical over 64 steps, with
+//!   the graph replayed; two runs bit-identical.
+
+use gemtune_engine::cpu::{CpuEngine, CpuOptions, LogitRows, Logits};
+use gemtune_engine::cuda::{CudaEngine, CudaOptions};
+use gemtune_engine::engine::Engine;
+use gemtune_engine::gguf::GgufFile;
+use gemtune_engine::model::Model;
+use gemtune_engine::profile::Profile;
+use gemtune_engine::synth::{self, SynthOptions, SynthVariant, WeightType};
+use rand::{Rng, SeedableRng};
+
+fn tiny() -> Model {
+    let f = synth::builtin_tiny().expect("tiny model");
+    Model::from_gguf(f).expect("load tiny")
+}
+
+/// E2B's layers (35, 4 SWA + 1 full, KV sharing, PLE, window 512) with a
+/// small vocabulary so the CPU reference stays quick.
+fn e2b_shaped() -> Model {
+    let bytes = synth::synth_to_vec(
+        SynthVariant::E2b,
+        WeightType::Q8_0,
+        SynthOptions {
+            vocab: Some(4096),
+            seed: 3,
+        },
+    )
+    .expect("synth e2b");
+    Model::from_gguf(GgufFile::from_bytes(bytes, "e2b-shaped").expect("gguf")).expect("load")
+}
+
+fn prompt(model: &Model, n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let v = model.vocab_size() as u32;
+    (0..n).map(|_| rng.random_range(256.min(v - 1)..v)).collect()
+}
+
+fn cuda<'m>(model: &'m Model, profile: &str, max_seq: usize, ubatch: usize, graph: bool) -> CudaEngine<'m> {
+    let mut o = CudaOptions::new(Profile::load(profile).expect("profile"));
+    o.max_seq = max_seq;
+    o.ubatch = ubatch;
+    o.graph = graph;
+    CudaEngine::new(model, o).unwrap_or_else(|e| panic!("this test needs a CUDA GPU and NVRTC: {e}"))
+}
+
+fn cpu(model: &Model, max_seq: usize) -> CpuEngine<'_> {
+    CpuEngine::new(
+        model,
+        CpuOptions {
+            max_seq,
+            max_batch: 64,
+        },
+    )
+    .expect("cpu engine")
+}
+
+/// ||a - b|| / ||b|| over one row.
+fn rms_rel(a: &[f32], b: &[f32]) -> f64 {
+    let (mut e, mut r) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        e += (*x as f64 - *y as f64).powi(2);
+        r += (*y as f64).powi(2);
+    }
+    (e / r.max(1e-30)).sqrt()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i)
+        .unwrap_or(0)
+}
+
+struct Agreement {
+    worst_rms: f64,
+    top1: f64,
+}
+
+fn agreement(gpu: &Logits, cpu: &Logits) -> Agreement {
+    assert_eq!(gpu.positions, cpu.positions);
+    let mut worst: f64 = 0.0;
+    let mut same = 0;
+    for i in 0..gpu.n_rows() {
+        worst = worst.max(rms_rel(gpu.row(i), cpu.row(i)));
+        same += (argmax(gpu.row(i)) == argmax(cpu.row(i))) as usize;
+    }
+    Agreement {
+        worst_rms: worst,
+        top1: same as f64 / gpu.n_rows().max(1) as f64,
+    }
+}
+
+/// Prefill of `n_prefill` tokens (all rows) then decode steps to 256
+/// positions, on both engines; returns the agreement of every row.
+fn compare_engines(model: &Model, profile: &str, n_prefill: usize, ubatch: usize) -> Agreement {
+    let total = 256;
+    let toks = prompt(model, total, 11);
+    let mut c = cpu(model, total);
+    let mut g = cuda(model, profile, total, ubatch, true);
+    let lc = c.forward(&toks[..n_prefill], LogitRows::All).expect("cpu prefill");
+    let lg = g.forward(&toks[..n_prefill], LogitRows::All).expect("gpu prefill");
+    let mut a = agreement(&lg, &lc);
+    let mut same = (a.top1 * n_prefill as f64).round() as usize;
+    for &t in &toks[n_prefill..] {
+        let lc = c.forward(&[t], LogitRows::Last).expect("cpu decode");
+        let lg = g.forward(&[t], LogitRows::Last).expect("gpu decode");
+        let s = agreement(&lg, &lc);
+        a.worst_rms = a.worst_rms.max(s.worst_rms);
+        same += s.top1 as usize;
+    }
+    a.top1 = same as f64 / total as f64;
+    a
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strict_profile_matches_the_cpu_engine_on_tiny() {
+    let m = tiny();
+    let a = compare_engines(&m, "strict", 200, 64);
+    eprintln!("tiny strict: worst rms_rel {:.3e}, top-1 {:.4}", a.worst_rms, a.top1);
+    assert!(a.worst_rms < 1e-4, "worst row rms_rel {:.3e}", a.worst_rms);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strict_profile_matches_the_cpu_engine_on_an_e2b_shaped_model() {
+    let m = e2b_shaped();
+    let a = compare_engines(&m, "strict", 200, 128);
+    eprintln!("e2b strict: worst rms_rel {:.3e}, top-1 {:.4}", a.worst_rms, a.top1);
+    assert!(a.worst_rms < 1e-4, "worst row rms_rel {:.3e}", a.worst_rms);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn main_profile_agrees_with_the_cpu_engine() {
+    for (name, m) in [("tiny", tiny()), ("e2b", e2b_shaped())] {
+        let a = compare_engines(&m, "main", 200, 128);
+        eprintln!("{name} main: worst rms_rel {:.3e}, top-1 {:.4}", a.worst_rms, a.top1);
+        assert!(a.worst_rms < 1e-2, "{name}: worst row rms_rel {:.3e}", a.worst_rms);
+        assert!(a.top1 >= 0.99, "{name}: top-1 agreement {:.4}", a.top1);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chunked_prefill_matches_one_shot_prefill() {
+    // Tiny's window is 8: chunks of 5, 24 and 64 cross it and wrap the
+    // SWA rings (window + ubatch - 1 slots) many times over 200 tokens.
+    let m = tiny();
+    let toks = prompt(&m, 200, 5);
+    let mut one = cuda(&m, "strict", 256, 200, false);
+    let want = one.forward(&toks, LogitRows::All).expect("one-shot");
+    for ub in [5, 24, 64] {
+        let mut e = cuda(&m, "strict", 256, ub, false);
+        let got = e.forward(&toks, LogitRows::All).expect("chunked");
+        let a = agreement(&got, &want);
+        eprintln!("ubatch {ub}: worst rms_rel {:.3e}", a.worst_rms);
+        assert!(a.worst_rms < 1e-4, "ubatch {ub}: {:.3e}", a.worst_rms);
+    }
+    // Prefill then decode equals a longer prefill.
+    let mut e = cuda(&m, "strict", 256, 64, true);
+    e.forward(&toks[..150], LogitRows::None).expect("prefill");
+    let mut last = None;
+    for &t in &toks[150..] {
+        last = Some(e.forward(&[t], LogitRows::Last).expect("decode"));
+    }
+    let dec = last.expect("decoded");
+    let row = want.row(want.n_rows() - 1);
+    let r = rms_rel(dec.row(0), row);
+    assert!(r < 1e-4, "prefill+decode vs prefill: {r:.3e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_decode_is_bit_identical_to_eager_decode() {
+    let m = tiny();
+    let toks = prompt(&m, 96, 9);
+    let run = |graph: bool| -> (Vec<Vec<u32>>, u64) {
+        let mut e = cuda(&m, "main", 128, 32, graph);
+        e.forward(&toks[..32], LogitRows::None).expect("prefill");
+        let mut rows = Vec::new();
+        for &t in &toks[32..96] {
+            let l = e.forward(&[t], LogitRows::Last).expect("decode");
+            rows.push(l.row(0).iter().map(|v| v.to_bits()).collect());
+        }
+        (rows, e.graph_replays())
+    };
+    let (g1, replays) = run(true);
+    let (g2, _) = run(true);
+    let (eager, none) = run(false);
+    assert_eq!(replays, 64, "the captured graph must serve every decode step");
+    assert_eq!(none, 0);
+    assert!(g1 == g2, "two graph runs differ");
+    assert!(g1 == eager, "graph decode differs from eager decode");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prefill_is_deterministic_run_to_run() {
+    let m = e2b_shaped();
+    let toks = prompt(&m, 300, 2);
+    let run = || {
+        let mut e = cuda(&m, "main", 512, 128, true);
+        let l = e.forward(&toks, LogitRows::All).expect("prefill");
+        l.data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    assert!(run() == run(), "two prefills of the same tokens differ");
+}
