@@ -47,15 +47,24 @@ fn e2b_shaped() -> Model {
 fn prompt(model: &Model, n: usize, seed: u64) -> Vec<u32> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let v = model.vocab_size() as u32;
-    (0..n).map(|_| rng.random_range(256.min(v - 1)..v)).collect()
+    (0..n)
+        .map(|_| rng.random_range(256.min(v - 1)..v))
+        .collect()
 }
 
-fn cuda<'m>(model: &'m Model, profile: &str, max_seq: usize, ubatch: usize, graph: bool) -> CudaEngine<'m> {
+fn cuda<'m>(
+    model: &'m Model,
+    profile: &str,
+    max_seq: usize,
+    ubatch: usize,
+    graph: bool,
+) -> CudaEngine<'m> {
     let mut o = CudaOptions::new(Profile::load(profile).expect("profile"));
     o.max_seq = max_seq;
     o.ubatch = ubatch;
     o.graph = graph;
-    CudaEngine::new(model, o).unwrap_or_else(|e| panic!("this test needs a CUDA GPU and NVRTC: {e}"))
+    CudaEngine::new(model, o)
+        .unwrap_or_else(|e| panic!("this test needs a CUDA GPU and NVRTC: {e}"))
 }
 
 fn cpu(model: &Model, max_seq: usize) -> CpuEngine<'_> {
@@ -113,8 +122,12 @@ fn compare_engines(model: &Model, profile: &str, n_prefill: usize, ubatch: usize
     let toks = prompt(model, total, 11);
     let mut c = cpu(model, total);
     let mut g = cuda(model, profile, total, ubatch, true);
-    let lc = c.forward(&toks[..n_prefill], LogitRows::All).expect("cpu prefill");
-    let lg = g.forward(&toks[..n_prefill], LogitRows::All).expect("gpu prefill");
+    let lc = c
+        .forward(&toks[..n_prefill], LogitRows::All)
+        .expect("cpu prefill");
+    let lg = g
+        .forward(&toks[..n_prefill], LogitRows::All)
+        .expect("gpu prefill");
     let mut a = agreement(&lg, &lc);
     let mut same = (a.top1 * n_prefill as f64).round() as usize;
     for &t in &toks[n_prefill..] {
@@ -133,7 +146,10 @@ fn compare_engines(model: &Model, profile: &str, n_prefill: usize, ubatch: usize
 fn strict_profile_matches_the_cpu_engine_on_tiny() {
     let m = tiny();
     let a = compare_engines(&m, "strict", 200, 64);
-    eprintln!("tiny strict: worst rms_rel {:.3e}, top-1 {:.4}", a.worst_rms, a.top1);
+    eprintln!(
+        "tiny strict: worst rms_rel {:.3e}, top-1 {:.4}",
+        a.worst_rms, a.top1
+    );
     assert!(a.worst_rms < 1e-4, "worst row rms_rel {:.3e}", a.worst_rms);
 }
 
@@ -142,7 +158,10 @@ fn strict_profile_matches_the_cpu_engine_on_tiny() {
 fn strict_profile_matches_the_cpu_engine_on_an_e2b_shaped_model() {
     let m = e2b_shaped();
     let a = compare_engines(&m, "strict", 200, 128);
-    eprintln!("e2b strict: worst rms_rel {:.3e}, top-1 {:.4}", a.worst_rms, a.top1);
+    eprintln!(
+        "e2b strict: worst rms_rel {:.3e}, top-1 {:.4}",
+        a.worst_rms, a.top1
+    );
     assert!(a.worst_rms < 1e-4, "worst row rms_rel {:.3e}", a.worst_rms);
 }
 
@@ -151,8 +170,15 @@ fn strict_profile_matches_the_cpu_engine_on_an_e2b_shaped_model() {
 fn main_profile_agrees_with_the_cpu_engine() {
     for (name, m) in [("tiny", tiny()), ("e2b", e2b_shaped())] {
         let a = compare_engines(&m, "main", 200, 128);
-        eprintln!("{name} main: worst rms_rel {:.3e}, top-1 {:.4}", a.worst_rms, a.top1);
-        assert!(a.worst_rms < 1e-2, "{name}: worst row rms_rel {:.3e}", a.worst_rms);
+        eprintln!(
+            "{name} main: worst rms_rel {:.3e}, top-1 {:.4}",
+            a.worst_rms, a.top1
+        );
+        assert!(
+            a.worst_rms < 1e-2,
+            "{name}: worst row rms_rel {:.3e}",
+            a.worst_rms
+        );
         assert!(a.top1 >= 0.99, "{name}: top-1 agreement {:.4}", a.top1);
     }
 }
@@ -204,7 +230,10 @@ fn graph_decode_is_bit_identical_to_eager_decode() {
     let (g1, replays) = run(true);
     let (g2, _) = run(true);
     let (eager, none) = run(false);
-    assert_eq!(replays, 64, "the captured graph must serve every decode step");
+    assert_eq!(
+        replays, 64,
+        "the captured graph must serve every decode step"
+    );
     assert_eq!(none, 0);
     assert!(g1 == g2, "two graph runs differ");
     assert!(g1 == eager, "graph decode differs from eager decode");

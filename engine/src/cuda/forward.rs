@@ -349,30 +349,51 @@ pub(super) struct Rows {
 }
 
 impl CudaEngine<'_> {
+    /// The shapes the forward's launches depend on, from the uploaded
+    /// weights.
+    pub(super) fn dims(&self) -> super::calls::ModelDims {
+        let dim = |m: &GpuMatrix| (m.n, m.k, m.wtype.ggml());
+        super::calls::ModelDims {
+            layers: self
+                .w
+                .layers
+                .iter()
+                .map(|l| super::calls::LayerDims {
+                    qkv: dim(&l.qkv),
+                    o: dim(&l.o),
+                    gate_up: dim(&l.gate_up),
+                    down: dim(&l.down),
+                    ple: l
+                        .ple_gate
+                        .as_ref()
+                        .zip(l.ple_proj.as_ref())
+                        .map(|(g, p)| (dim(g), dim(p))),
+                })
+                .collect(),
+            head: dim(&self.w.head),
+            ple_model_proj: self.w.ple_model_proj.as_ref().map(dim),
+            embd_type: self.w.embd.ty,
+            ple_type: self.w.ple_table.as_ref().map(|t| t.ty),
+            vocab: self.model.vocab_size(),
+        }
+    }
+
     /// Plans every slot the engine launches at `r` rows.
     pub(super) fn plan_rows(&self, r: usize) -> Result<(), EngineError> {
         let cfg = self.model.config();
-        for (l, lc) in cfg.layers.iter().enumerate() {
-            let lw = &self.w.layers[l];
-            for (kind, m) in [("qkv", &lw.qkv), ("o", &lw.o), ("down", &lw.down)] {
-                self.matmul_kernel(kind, m, r).map_err(plan_err)?;
-            }
-            self.matmul_kernel("gate_up", &lw.gate_up, r)
-                .map_err(plan_err)?;
-            if let (Some(g), Some(p)) = (&lw.ple_gate, &lw.ple_proj) {
-                self.matmul_kernel("ple", g, r).map_err(plan_err)?;
-                self.matmul_kernel("ple", p, r).map_err(plan_err)?;
-            }
-            launch::plan_layer(self, l, lc, r)?;
-        }
-        if let Some(mp) = &self.w.ple_model_proj {
-            if !self.planner.vendor(&slot_for("ple", r)) {
-                self.matmul_kernel("ple", mp, r).map_err(plan_err)?;
-            }
-        }
-        launch::plan_common(self, r)?;
-        if r <= GEMV_MAX_ROWS {
-            self.matmul_kernel("head", &self.w.head, r)
+        let calls = super::calls::slot_calls(
+            &self.planner,
+            cfg,
+            &self.dims(),
+            r,
+            self.max_seq,
+            self.ubatch,
+            self.kv.kv_type,
+        )
+        .map_err(plan_err)?;
+        for c in calls {
+            self.planner
+                .plan(&self.gpu, &c.slot, &c.problem, &c.bound)
                 .map_err(plan_err)?;
         }
         Ok(())

@@ -16,10 +16,11 @@ use gemtune_kernels::gpu::{DeviceBuffer, KArg};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::reference::cublas::GemmType;
 
+use super::calls::{self, rows_problem, window};
 use super::forward::{Rows, GEMV_MAX_ROWS};
 use super::weights::GpuMatrix;
 use super::{dev, plan_err, CudaEngine};
-use crate::config::{AttnKind, Gemma4Config, LayerConfig};
+use crate::config::{AttnKind, Gemma4Config};
 use crate::engine::EngineError;
 
 /// Embedding-table types the `embed` and `ple` kernels read as they are;
@@ -34,90 +35,34 @@ pub const EMBED_TYPES: &[GgmlType] = &[
 ];
 
 /// Bytes of the split-KV partials the decode attention needs at most.
-pub fn attn_scratch_bytes(cfg: &Gemma4Config, max_seq: usize) -> usize {
+pub fn attn_scratch_bytes(cfg: &Gemma4Config, max_seq: usize, ubatch: usize) -> usize {
     cfg.layers
         .iter()
-        .map(|l| battn::decode_scratch_bytes(&decode_problem(cfg, l, GEMV_MAX_ROWS, max_seq, 0)))
+        .map(|l| {
+            battn::decode_scratch_bytes(&calls::attn_problem(
+                cfg,
+                l,
+                GEMV_MAX_ROWS,
+                max_seq,
+                ubatch,
+                gemtune_kernels::family::KvType::F32,
+            ))
+        })
         .max()
         .unwrap_or(0)
-}
-
-fn rows_problem(rows: usize, width: usize) -> Problem {
-    Problem::Rows(RowsProblem {
-        rows,
-        width,
-        dtype: GgmlType::F32,
-        aux: 0,
-    })
-}
-
-fn kv_capacity(cfg: &Gemma4Config, l: &LayerConfig, max_seq: usize, ubatch: usize) -> usize {
-    match l.kind {
-        AttnKind::Full => max_seq,
-        AttnKind::Sliding => (cfg.sliding_window + ubatch - 1).min(max_seq),
-    }
-}
-
-fn window(cfg: &Gemma4Config, l: &LayerConfig) -> usize {
-    match l.kind {
-        AttnKind::Sliding => cfg.sliding_window,
-        AttnKind::Full => 0,
-    }
-}
-
-/// The attention problem a decode launch is planned for: the largest
-/// length the cache can reach, so the grid covers every later call.
-fn decode_problem(
-    cfg: &Gemma4Config,
-    l: &LayerConfig,
-    n_q: usize,
-    max_seq: usize,
-    capacity: usize,
-) -> AttnProblem {
-    AttnProblem {
-        n_heads: l.n_heads,
-        n_kv_heads: l.n_kv_heads,
-        head_dim: l.head_dim,
-        window: window(cfg, l),
-        q_pos0: max_seq.saturating_sub(n_q),
-        n_q,
-        capacity: if capacity == 0 { max_seq } else { capacity },
-        kv_type: gemtune_kernels::family::KvType::F16,
-    }
 }
 
 impl CudaEngine<'_> {
     fn attn_problem(&self, l: usize, n_q: usize) -> AttnProblem {
         let cfg = self.model.config();
-        let lc = &cfg.layers[l];
-        let src = lc.kv_donor.unwrap_or(l);
-        let cap = kv_capacity(cfg, &cfg.layers[src], self.max_seq, self.ubatch);
-        let mut p = if n_q <= GEMV_MAX_ROWS {
-            decode_problem(cfg, lc, n_q, self.max_seq, cap)
-        } else {
-            AttnProblem {
-                n_heads: lc.n_heads,
-                n_kv_heads: lc.n_kv_heads,
-                head_dim: lc.head_dim,
-                window: window(cfg, lc),
-                q_pos0: 0,
-                n_q,
-                capacity: cap.max(n_q),
-                kv_type: self.kv.kv_type,
-            }
-        };
-        p.kv_type = self.kv.kv_type;
-        p
-    }
-
-    fn attn_slot(&self, l: usize, n_q: usize) -> &'static str {
-        let kind = self.model.config().layers[l].kind;
-        match (n_q <= GEMV_MAX_ROWS, kind) {
-            (true, AttnKind::Sliding) => "attn_decode.swa",
-            (true, AttnKind::Full) => "attn_decode.full",
-            (false, AttnKind::Sliding) => "attn_prefill.swa",
-            (false, AttnKind::Full) => "attn_prefill.full",
-        }
+        calls::attn_problem(
+            cfg,
+            &cfg.layers[l],
+            n_q,
+            self.max_seq,
+            self.ubatch,
+            self.kv.kv_type,
+        )
     }
 
     fn plan_rows_kernel(
@@ -252,11 +197,7 @@ impl CudaEngine<'_> {
     ) -> Result<(), EngineError> {
         let fmt = out.map(|o| o.1.format).unwrap_or(ActFormat::F32);
         let p = rows_problem(rows, width);
-        let bound = [
-            ("OUT", DefineValue::Str(fmt.define().into())),
-            ("ADD", DefineValue::Int(add.is_some() as i64)),
-            ("NORM_OUT", DefineValue::Int(out.is_some() as i64)),
-        ];
+        let bound = calls::norm_bound(fmt, add.is_some(), out.is_some());
         let pl = self.plan_rows_kernel("rmsnorm", &p, &bound)?;
         self.mark("norm")?;
         let a = brows::RmsNormArgs {
@@ -272,67 +213,6 @@ impl CudaEngine<'_> {
         };
         pl.kernel.launch(&self.gpu, &a.kargs()).map_err(dev)
     }
-}
-
-/// Plans the kernels one layer launches at `r` rows.
-pub(super) fn plan_layer(
-    e: &CudaEngine<'_>,
-    l: usize,
-    lc: &LayerConfig,
-    r: usize,
-) -> Result<(), EngineError> {
-    let attn = e.attn_problem(l, r);
-    let slot = e.attn_slot(l, r);
-    e.plan_rows_kernel(slot, &Problem::Attention(attn), &[])?;
-    e.plan_rows_kernel("qk_norm_rope", &Problem::Attention(attn), &[])?;
-    let cfg = e.model.config();
-    let lw = &e.w.layers[l];
-    let consumers: Vec<ActFormat> = vec![
-        e.act_format("qkv", &lw.qkv, r)?,
-        e.act_format("gate_up", &lw.gate_up, r)?,
-        e.act_format("down", &lw.down, r)?,
-    ];
-    for f in consumers {
-        for (add, out) in [(0, 1), (1, 1), (1, 0)] {
-            let bound = [
-                ("OUT", DefineValue::Str(f.define().into())),
-                ("ADD", DefineValue::Int(add)),
-                ("NORM_OUT", DefineValue::Int(out)),
-            ];
-            e.plan_rows_kernel("rmsnorm", &rows_problem(r, cfg.d_model), &bound)?;
-        }
-        let bound = [("OUT", DefineValue::Str(f.define().into()))];
-        e.plan_rows_kernel("gelu_mul", &rows_problem(r, lc.ffn_dim), &bound)?;
-        if cfg.ple_dim > 0 {
-            e.plan_rows_kernel("gelu_mul", &rows_problem(r, cfg.ple_dim), &bound)?;
-        }
-    }
-    Ok(())
-}
-
-/// Plans the kernels outside the layers at `r` rows.
-pub(super) fn plan_common(e: &CudaEngine<'_>, r: usize) -> Result<(), EngineError> {
-    let cfg = e.model.config();
-    let embd = Problem::Rows(RowsProblem {
-        rows: r,
-        width: cfg.d_model,
-        dtype: e.w.embd.ty,
-        aux: 0,
-    });
-    e.plan_rows_kernel("embed", &embd, &[])?;
-    if let Some(t) = &e.w.ple_table {
-        let p = Problem::Rows(RowsProblem {
-            rows: r,
-            width: cfg.n_layers * cfg.ple_dim,
-            dtype: t.ty,
-            aux: cfg.ple_dim,
-        });
-        e.plan_rows_kernel("ple", &p, &[])?;
-    }
-    if r <= GEMV_MAX_ROWS {
-        e.plan_rows_kernel("softcap", &rows_problem(r, e.model.vocab_size()), &[])?;
-    }
-    Ok(())
 }
 
 /// `x = dequant(E[token]) * sqrt(d)` for the call's `t` tokens.
@@ -465,7 +345,7 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
     pl.kernel.launch(&e.gpu, &a.kargs()).map_err(dev)?;
 
     // Attention over the layer's (or its donor's) cache.
-    let slot = e.attn_slot(l, r);
+    let slot = calls::attn_slot(&cfg.layers[l], r);
     let pl = e.plan_rows_kernel(slot, &Problem::Attention(attn), &[])?;
     e.mark(match lc.kind {
         AttnKind::Sliding => "attn_swa",
@@ -555,7 +435,7 @@ fn gelu_mul(
     rows: usize,
     width: usize,
 ) -> Result<(), EngineError> {
-    let bound = [("OUT", DefineValue::Str(out.format.define().into()))];
+    let bound = calls::out_bound(out.format);
     let pl = e.plan_rows_kernel("gelu_mul", &rows_problem(rows, width), &bound)?;
     e.mark("gelu")?;
     let a = brows::GeluMulArgs {

@@ -17,6 +17,7 @@
 //! chunk and decode paths launch.
 
 mod buffers;
+pub mod calls;
 mod forward;
 mod kv_cache;
 mod launch;
@@ -208,7 +209,7 @@ impl<'m> CudaEngine<'m> {
         }
         let w = forward::upload_weights(&gpu, model, &layouts).map_err(dev)?;
         let kv = KvCache::new(&gpu, cfg, max_seq, ubatch, kv_type).map_err(dev)?;
-        let scratch = launch::attn_scratch_bytes(cfg, max_seq);
+        let scratch = launch::attn_scratch_bytes(cfg, max_seq, ubatch);
         let b = Buffers::new(&gpu, cfg, model.vocab_size(), ubatch, scratch).map_err(dev)?;
         let staging_i32 = PinnedBuf::new(&gpu, ubatch + 4).map_err(dev)?;
         let staging_logits =

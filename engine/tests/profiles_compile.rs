@@ -1,0 +1,103 @@
+//! Every committed profile, with the committed tuned table, resolves every
+//! launch the CUDA forward makes to a kernel variant that compiles through
+//! NVRTC for sm_80, sm_89 and sm_90 without spills: on every synthetic
+//! model shape (tiny, e2b, e4b, 12b, 31b) in q8_0 and q4_0, at the decode
+//! row counts and the default prefill chunk. No GPU needed; NVRTC must be
+//! loadable (CI installs it from PyPI).
+//!
+//! Hopper-only choices (wgmma) must fall back on sm_80/sm_89 through the
+//! profile's named fallback; a choice that cannot run anywhere fails here.
+
+use std::collections::BTreeMap;
+
+use gemtune_engine::cuda::calls::{slot_calls, ModelDims};
+use gemtune_engine::cuda::{Planner, BUILTIN_TUNED, DEFAULT_UBATCH};
+use gemtune_engine::profile::{Profile, BUILTIN};
+use gemtune_engine::synth::{self, SynthVariant, WeightType};
+use gemtune_engine::tuned::TunedFile;
+use gemtune_kernels::compile::{compile, nvrtc_available, Arch};
+use gemtune_kernels::defines::canonical;
+use gemtune_kernels::family::{family, DeviceLimits, KvType};
+
+#[test]
+fn every_profile_compiles_for_every_arch_on_every_model_shape() {
+    assert!(
+        nvrtc_available(),
+        "NVRTC (libnvrtc.so) cannot be loaded: source scripts/nvrtc-env.sh (installs nvidia-cuda-nvrtc from PyPI)"
+    );
+    let tuned_90 = TunedFile::parse("builtin:sm_90", BUILTIN_TUNED[0].1).expect("tuned table");
+    let models = [
+        SynthVariant::Tiny,
+        SynthVariant::E2b,
+        SynthVariant::E4b,
+        SynthVariant::B12,
+        SynthVariant::B31,
+    ];
+    for arch in [Arch(80), Arch(89), Arch(90)] {
+        // (family, defines) -> where it was first needed.
+        let mut todo: BTreeMap<(String, String), (String, gemtune_kernels::defines::Defines)> =
+            BTreeMap::new();
+        for (pname, _) in BUILTIN {
+            let profile = Profile::load(pname).expect("profile");
+            let tuned = (arch == Arch(90)).then(|| tuned_90.clone());
+            let planner = Planner::new(profile.clone(), tuned, DeviceLimits::for_arch(arch));
+            let kv = match &profile.kv_type {
+                Some(s) => KvType::from_name(s).expect("kv type"),
+                None => KvType::F16,
+            };
+            for v in models {
+                let cfg = synth::preset(v);
+                for wt in [WeightType::Q8_0, WeightType::Q4_0] {
+                    let embd = wt.embedding_type(cfg.d_model as u64);
+                    let dims = ModelDims::from_config(&cfg, wt.matrix_type(), embd);
+                    let max_seq = 8192.min(cfg.context_length);
+                    let ub = DEFAULT_UBATCH.min(max_seq);
+                    let mut rows: Vec<usize> = (1..=8).collect();
+                    rows.push(ub);
+                    for r in rows {
+                        let calls = slot_calls(&planner, &cfg, &dims, r, max_seq, ub, kv)
+                            .unwrap_or_else(|e| {
+                                panic!("{arch} profile {pname} {} {}: {e}", v.name(), wt.name())
+                            });
+                        for c in calls {
+                            let (fam, d, _) = planner
+                                .resolve(&c.slot, &c.problem, &c.bound)
+                                .unwrap_or_else(|e| {
+                                    panic!(
+                                        "{arch} profile {pname} {} {} rows {r}: {e}",
+                                        v.name(),
+                                        wt.name()
+                                    )
+                                });
+                            todo.entry((fam.name().to_string(), canonical(&d)))
+                                .or_insert_with(|| {
+                                    (
+                                        format!(
+                                            "profile {pname}, {} {}, slot {} ({})",
+                                            v.name(),
+                                            wt.name(),
+                                            c.slot,
+                                            c.problem.describe()
+                                        ),
+                                        d.clone(),
+                                    )
+                                });
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("{arch}: {} distinct variants to compile", todo.len());
+        for ((fname, _), (why, d)) in &todo {
+            let f = family(fname).expect("registered family");
+            let cv = compile(f, d, arch, None).unwrap_or_else(|e| panic!("{arch} {why}: {e}"));
+            for func in &cv.functions {
+                assert_eq!(
+                    func.spill_bytes, 0,
+                    "{arch} {why}: {} spills {} bytes",
+                    func.name, func.spill_bytes
+                );
+            }
+        }
+    }
+}
