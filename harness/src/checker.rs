@@ -479,7 +479,7 @@ pub fn load_jobs(
             for s in sf.expand() {
                 // A family runs on shapes of its own kind only; several
                 // families may share one `--shapes` list.
-                if s.kind() != kind {
+                if s.kind() != kind || !s.base.starts_with(spec.shape_prefix.as_str()) {
                     other_kinds += 1;
                     continue;
                 }
@@ -502,8 +502,13 @@ pub fn load_jobs(
             return Err(
                 if other_kinds > 0 && tokens.is_empty() && shape_filter.is_empty() {
                     format!(
-                    "{name} runs on {} shapes, and {} holds none ({other_kinds} shapes of other kinds)",
+                    "{name} runs on {} shapes{}, and {} holds none ({other_kinds} shapes of other kinds or names)",
                     kind.name(),
+                    if spec.shape_prefix.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" named {}*", spec.shape_prefix)
+                    },
                     files.join(", ")
                 )
                 } else {

@@ -347,6 +347,12 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::gemm_dq::GemmDq,
         &crate::families::gemm_wgmma::GemmWgmma,
         &crate::families::act_convert::ActConvert,
+        &crate::families::rmsnorm::RmsNorm,
+        &crate::families::qk_norm_rope::QkNormRope,
+        &crate::families::gelu_mul::GeluMul,
+        &crate::families::embed::Embed,
+        &crate::families::ple::Ple,
+        &crate::families::softcap::Softcap,
     ]
 }
 

@@ -20,6 +20,14 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gemm_wgmma.cu", include_str!("../cuda/gemm_wgmma.cu")),
     ("stream.cu", include_str!("../cuda/stream.cu")),
     ("act_convert.cu", include_str!("../cuda/act_convert.cu")),
+    ("act_out.cuh", include_str!("../cuda/act_out.cuh")),
+    ("gather.cuh", include_str!("../cuda/gather.cuh")),
+    ("rmsnorm.cu", include_str!("../cuda/rmsnorm.cu")),
+    ("qk_norm_rope.cu", include_str!("../cuda/qk_norm_rope.cu")),
+    ("gelu_mul.cu", include_str!("../cuda/gelu_mul.cu")),
+    ("embed.cu", include_str!("../cuda/embed.cu")),
+    ("ple.cu", include_str!("../cuda/ple.cu")),
+    ("softcap.cu", include_str!("../cuda/softcap.cu")),
 ];
 
 /// The text of an embedded file, or `None` if no such file is embedded.

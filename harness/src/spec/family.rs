@@ -7,6 +7,7 @@
 //! contract = "approx"         # optional; asserted against the kernel's own contract
 //! forbid_spills = true        # optional; spills make a variant fail
 //! shapes = ["ffn.toml"]       # default shapes files when --shapes is not given
+//! shape_prefix = "rmsnorm."   # optional; only shapes whose name starts with it
 //! tolerance = { rms_rel = 2e-2 }   # optional overrides of the family's tolerance
 //!
 //! [defaults]                  # every variant starts from these defines
@@ -110,6 +111,9 @@ pub struct FamilySpec {
     pub contract: Option<(Contract, usize)>,
     pub forbid_spills: bool,
     pub shapes: Vec<String>,
+    /// Only shapes whose name starts with this (several families sharing one
+    /// shapes file, e.g. elementwise.toml); empty: every shape of the kind.
+    pub shape_prefix: String,
     pub tolerance: ToleranceOverride,
     pub defaults: Vec<SpecDefine>,
     pub variants: Vec<VariantSpec>,
@@ -205,7 +209,13 @@ impl FamilySpec {
             t.finish("rms_rel, max_rel, outlier_frac, replay_rms_rel")?;
         }
         k.get("description");
-        k.finish("family, entry, contract, forbid_spills, shapes, tolerance, description")?;
+        let shape_prefix = k
+            .str_opt("shape_prefix")?
+            .map(|(s, _)| s)
+            .unwrap_or_default();
+        k.finish(
+            "family, entry, contract, forbid_spills, shapes, shape_prefix, tolerance, description",
+        )?;
 
         let defaults = match root.get("defaults") {
             None => Vec::new(),
@@ -342,6 +352,7 @@ impl FamilySpec {
             contract,
             forbid_spills,
             shapes,
+            shape_prefix,
             tolerance,
             defaults,
             variants,

@@ -2,12 +2,19 @@
 //! weight repacking into planes, the Q8_1 replay and the f64 references.
 
 pub mod act_convert;
+pub mod embed;
+pub mod gelu_mul;
 pub mod gemm_dq;
 pub mod gemm_wgmma;
 pub mod gemv;
 pub(crate) mod memo;
 pub mod mmq;
+pub mod ple;
+pub mod qk_norm_rope;
 pub mod quantize_q8_1;
+pub mod rmsnorm;
+pub(crate) mod rows_common;
+pub mod softcap;
 pub(crate) mod tiles;
 
 use crate::bind::matmul::{MatmulBinding, WeightLayout, Weights};

@@ -1,0 +1,193 @@
+//! `embed`: the token-embedding gather with on-device dequantization, and
+//! the table handling it shares with `ple`. See kernels/cuda/embed.cu and
+//! `bind::rows::EmbedArgs`.
+
+use super::rows_common::{threads, OutRead, RowsWorkload};
+use super::{random_matrix, rng_for};
+use crate::bind::rows::EmbedArgs;
+use crate::check::Tolerance;
+use crate::defines::{defines, get_str, Defines};
+use crate::family::{
+    rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
+};
+use crate::gpu::{Gpu, GpuError};
+use crate::quant::{dequantize_row, quantize_row, GgmlType};
+use crate::workload::Workload;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+pub struct Embed;
+
+/// Table types the gathers read as they are (gather.cuh).
+pub const TABLE_TYPES: &[GgmlType] = &[
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q6K,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::F32,
+];
+
+/// The WTYPE define names the table type, checked against the shape's.
+pub(crate) fn table_type(d: &Defines, shape: GgmlType) -> Result<GgmlType, String> {
+    let w = get_str(d, "WTYPE")?;
+    let t = GgmlType::from_name(&w.to_ascii_lowercase())
+        .ok_or_else(|| format!("WTYPE={w} is not a ggml type"))?;
+    if !TABLE_TYPES.contains(&t) {
+        return Err(format!(
+            "WTYPE={w}: the gathers read Q8_0, Q4_0, Q6_K, F16, BF16 and F32 tables"
+        ));
+    }
+    if t != shape {
+        return Err(format!(
+            "WTYPE={w} does not match the shape's table type {}",
+            shape.name()
+        ));
+    }
+    Ok(t)
+}
+
+/// Rows of a seeded table: its GGUF bytes and exact values.
+pub(crate) fn make_table(
+    rng: &mut ChaCha8Rng,
+    t: GgmlType,
+    rows: usize,
+    width: usize,
+) -> Result<(Vec<u8>, Vec<f32>), GpuError> {
+    let f = random_matrix(rng, rows, width);
+    let rb = t
+        .row_bytes(width as u64)
+        .ok_or_else(|| GpuError::Rejected(format!("{width} is not whole {} blocks", t.name())))?
+        as usize;
+    let mut bytes = vec![0u8; rows * rb];
+    let mut deq = vec![0f32; rows * width];
+    for i in 0..rows {
+        let (src, dst) = (
+            &f[i * width..(i + 1) * width],
+            &mut bytes[i * rb..(i + 1) * rb],
+        );
+        quantize_row(t, src, dst).map_err(|e| GpuError::Other(format!("table: {e}")))?;
+        dequantize_row(t, dst, &mut deq[i * width..(i + 1) * width])
+            .map_err(|e| GpuError::Other(format!("table: {e}")))?;
+    }
+    Ok((bytes, deq))
+}
+
+/// Token ids into a table of `vocab` rows: the first and last rows always,
+/// the rest random.
+pub(crate) fn make_tokens(rng: &mut ChaCha8Rng, rows: usize, vocab: usize) -> Vec<i32> {
+    (0..rows)
+        .map(|i| match i {
+            0 => (vocab - 1) as i32,
+            1 => 0,
+            _ => rng.random_range(0..vocab as i32),
+        })
+        .collect()
+}
+
+/// Rows of the synthetic table a check gathers from.
+pub(crate) const CHECK_VOCAB: usize = 97;
+
+impl Family for Embed {
+    fn name(&self) -> &'static str {
+        "embed"
+    }
+    fn entry(&self) -> &'static str {
+        "embed"
+    }
+    fn source_file(&self) -> &'static str {
+        "embed.cu"
+    }
+    fn problem_kind(&self) -> ProblemKind {
+        ProblemKind::Rows
+    }
+    fn default_defines(&self, wtype: GgmlType) -> Defines {
+        let mut d = defines([("THREADS", 256i64)]);
+        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d
+    }
+    fn contract(&self, _d: &Defines) -> Contract {
+        Contract::Bitexact
+    }
+    fn default_tolerance(&self, _d: &Defines, _p: &Problem) -> Tolerance {
+        Tolerance {
+            rms_rel: 0.0,
+            max_rel: 0.0,
+            outlier_frac: 0.0,
+            replay_rms_rel: 0.0,
+        }
+    }
+    fn validate(
+        &self,
+        d: &Defines,
+        p: &Problem,
+        _lim: &DeviceLimits,
+    ) -> Result<LaunchGeometry, String> {
+        let r = rows_of(p)?;
+        let t = table_type(d, r.dtype)?;
+        let th = threads(d)?;
+        if r.width == 0 || r.width % t.block_size() != 0 {
+            return Err(format!(
+                "width {} is not whole {} blocks of {}",
+                r.width,
+                t.name(),
+                t.block_size()
+            ));
+        }
+        if r.rows == 0 || r.rows > 65535 {
+            return Err(format!("{} rows (grid.y holds 1..=65535)", r.rows));
+        }
+        Ok(LaunchGeometry {
+            kernel: "embed".into(),
+            grid: (r.width.div_ceil(th) as u32, r.rows as u32, 1),
+            block: (th as u32, 1, 1),
+            dyn_smem: 0,
+        })
+    }
+    fn workload(
+        &self,
+        gpu: &Gpu,
+        d: &Defines,
+        p: &Problem,
+        geo: &LaunchGeometry,
+        seed: u64,
+    ) -> Result<Box<dyn Workload>, GpuError> {
+        let r = rows_of(p).map_err(GpuError::Rejected)?;
+        let t = table_type(d, r.dtype).map_err(GpuError::Rejected)?;
+        let (rows, w) = (r.rows, r.width);
+        let mut rng = rng_for(self.name(), &[rows, w, t as usize], seed);
+        let (bytes, deq) = make_table(&mut rng, t, CHECK_VOCAB, w)?;
+        let tokens = make_tokens(&mut rng, rows, CHECK_VOCAB);
+        let scale = (w as f32).sqrt();
+        let mut want = Vec::with_capacity(rows * w);
+        for &tok in &tokens {
+            want.extend(
+                deq[tok as usize * w..(tok as usize + 1) * w]
+                    .iter()
+                    .map(|&v| (v * scale) as f64),
+            );
+        }
+        let table = gpu.upload(&bytes)?;
+        let tok = gpu.upload(&tokens)?;
+        let out = gpu.alloc(rows * w * 4)?;
+        let a = EmbedArgs {
+            tokens: tok.ptr(),
+            table: table.ptr(),
+            out: out.ptr(),
+            rows,
+            width: w,
+            scale,
+        };
+        let row_bytes = bytes.len() / CHECK_VOCAB;
+        Ok(Box::new(RowsWorkload {
+            args: a.kargs(),
+            bufs: vec![tok, table, out],
+            outputs: vec![(2, OutRead::F32)],
+            restore: Vec::new(),
+            geo: geo.clone(),
+            reference: Box::new(move || (want.clone(), None)),
+            bytes: (rows * (row_bytes + 4 * w + 4)) as u64,
+            ops: (rows * w) as u64,
+        }))
+    }
+}
