@@ -181,7 +181,7 @@ pub enum ProfileError {
 }
 
 /// Defines the engine sets per call site; a profile must not.
-pub const BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "OUT"];
+pub const BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "HEAD_DIM", "OUT"];
 
 /// The committed profiles, embedded so the binary works anywhere.
 pub const BUILTIN: &[(&str, &str)] = &[

@@ -19,6 +19,11 @@ typedef unsigned long long u64;
 
 #define DEVI static __device__ __forceinline__
 
+// +infinity as a float (no <cmath> / math_constants.h: header-free).
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 // Weight-type ids compared against the WTYPE define (passed as a bare token:
 // -DWTYPE=Q8_0 makes `WTYPE == Q8_0` a constant expression).
 #define Q8_0 8
@@ -87,6 +92,13 @@ template <int N> DEVI void cp_async_wait() { asm volatile("cp.async.wait_group %
 
 DEVI void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+// The transposed form: thread (g, t) of each 8x8 matrix gets the elements
+// (2t, g) and (2t + 1, g), i.e. B fragments of mma.sync from a row-major
+// [k][n] tile.
+DEVI void ldmatrix_x4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 DEVI void ldmatrix_x2(u32 addr, u32& r0, u32& r1) {

@@ -353,6 +353,8 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::embed::Embed,
         &crate::families::ple::Ple,
         &crate::families::softcap::Softcap,
+        &crate::families::attn_prefill::AttnPrefill,
+        &crate::families::attn_decode::AttnDecode,
     ]
 }
 

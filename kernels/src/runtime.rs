@@ -113,6 +113,10 @@ impl Kernel {
     pub fn module(&self) -> &Arc<Module> {
         &self.module
     }
+    /// Whether the module has an entry `name`.
+    pub fn has_sibling(&self, name: &str) -> bool {
+        self.module.function(name).is_ok()
+    }
     /// Another entry of the same module, with its own geometry.
     pub fn sibling(&self, geo: LaunchGeometry) -> Result<Kernel, GpuError> {
         let func = self.module.function(&geo.kernel)?;

@@ -28,6 +28,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("embed.cu", include_str!("../cuda/embed.cu")),
     ("ple.cu", include_str!("../cuda/ple.cu")),
     ("softcap.cu", include_str!("../cuda/softcap.cu")),
+    ("attn_core.cuh", include_str!("../cuda/attn_core.cuh")),
+    ("attn_scalar.cuh", include_str!("../cuda/attn_scalar.cuh")),
+    ("attn_prefill.cu", include_str!("../cuda/attn_prefill.cu")),
+    ("attn_decode.cu", include_str!("../cuda/attn_decode.cu")),
 ];
 
 /// The text of an embedded file, or `None` if no such file is embedded.

@@ -189,7 +189,7 @@ pub fn consumer_format(
     if planner.vendor(&slot) {
         return Ok(ActFormat::F32);
     }
-    let p = Problem::matmul(m, dim.0, dim.1, dim.2);
+    let p = Problem::matmul(planner.plan_rows(&slot, m), dim.0, dim.1, dim.2);
     let (fam, d, _) = planner.resolve(&slot, &p, &[])?;
     MatmulBinding::of(fam.name(), &d)
         .map(|b| b.act)
@@ -225,6 +225,16 @@ impl Calls<'_> {
         let fmt = consumer_format(self.planner, kind, dim, m)?;
         if self.planner.vendor(&slot) {
             self.push("act_convert", rows_problem(m, dim.1), vec![]);
+        } else if self.planner.row_chunked(&slot) {
+            let blk = super::plan::GEMV_BLOCK;
+            self.push(
+                &slot,
+                Problem::matmul(m.min(blk), dim.0, dim.1, dim.2),
+                vec![],
+            );
+            if m > blk && m % blk != 0 {
+                self.push(&slot, Problem::matmul(m % blk, dim.0, dim.1, dim.2), vec![]);
+            }
         } else {
             self.push(&slot, Problem::matmul(m, dim.0, dim.1, dim.2), vec![]);
         }

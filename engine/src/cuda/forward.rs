@@ -628,6 +628,7 @@ impl CudaEngine<'_> {
         m: usize,
     ) -> Result<(super::plan::Planned, MatmulBinding), super::PlanError> {
         let slot = slot_for(kind, m);
+        let m = self.planner.plan_rows(&slot, m);
         let p = Problem::matmul(m, w.n, w.k, w.wtype.ggml());
         let pl = self.planner.plan(&self.gpu, &slot, &p, &[])?;
         let b = MatmulBinding::of(pl.family.name(), &pl.defines)

@@ -128,8 +128,12 @@ impl CudaEngine<'_> {
         y: &DeviceBuffer,
         m: usize,
     ) -> Result<(), EngineError> {
-        if self.planner.vendor(&super::forward::slot_for(kind, m)) {
+        let slot = super::forward::slot_for(kind, m);
+        if self.planner.vendor(&slot) {
             return self.vendor_matmul(kind, phase, w, x, y, m);
+        }
+        if self.planner.row_chunked(&slot) && m > super::plan::GEMV_BLOCK {
+            return self.chunked_matmul(kind, phase, w, x, y, m);
         }
         let (pl, b) = self.matmul_kernel(kind, w, m).map_err(plan_err)?;
         self.mark(phase)?;
@@ -145,6 +149,46 @@ impl CudaEngine<'_> {
             .kargs(&ws, x, y.ptr(), m, n, w.k)
             .map_err(|e| EngineError::Device(format!("{kind}: {e}")))?;
         pl.kernel.launch(&self.gpu, &args).map_err(dev)
+    }
+
+    /// A GEMV-served prefill projection: blocks of at most 8 rows, each a
+    /// launch on the rows' slices of `x` and `y`.
+    fn chunked_matmul(
+        &self,
+        kind: &str,
+        phase: &'static str,
+        w: &GpuMatrix,
+        x: &Act,
+        y: &DeviceBuffer,
+        m: usize,
+    ) -> Result<(), EngineError> {
+        let blk = super::plan::GEMV_BLOCK;
+        self.mark(phase)?;
+        let mut r0 = 0;
+        while r0 < m {
+            let mc = blk.min(m - r0);
+            let (pl, b) = self.matmul_kernel(kind, w, mc).map_err(plan_err)?;
+            let xs = Act {
+                format: x.format,
+                data: x.data + (x.format.bytes(r0, w.k)) as u64,
+                scales: if x.scales == NULL {
+                    NULL
+                } else {
+                    x.scales + (x.format.scale_bytes(r0, w.k)) as u64
+                },
+            };
+            let ws: Vec<Weights> = (0..b.matrices)
+                .map(|i| w.weights_from(b.layout, i * w.n / b.matrices))
+                .collect::<Result<_, _>>()
+                .map_err(dev)?;
+            let n = w.n / b.matrices;
+            let args = b
+                .kargs(&ws, &xs, y.ptr() + (4 * r0 * n) as u64, mc, n, w.k)
+                .map_err(|e| EngineError::Device(format!("{kind}: {e}")))?;
+            pl.kernel.launch(&self.gpu, &args).map_err(dev)?;
+            r0 += mc;
+        }
+        Ok(())
     }
 
     /// The vendor arm: `x` (f32) converted to bf16 by `act_convert`, then

@@ -26,6 +26,9 @@ use gemtune_kernels::runtime::{Kernel, KernelCache};
 use crate::profile::{to_defines, Choice, Profile};
 use crate::tuned::TunedFile;
 
+/// Rows per launch of a row-chunked GEMV slot.
+pub const GEMV_BLOCK: usize = 8;
+
 /// The profile family name of the vendor GEMM arm.
 pub const VENDOR_BF16: &str = "cublas-bf16";
 
@@ -88,6 +91,28 @@ impl Planner {
             .unwrap_or(false)
     }
 
+    /// Whether a prefill GEMM slot is served by the GEMV family, which the
+    /// engine then launches on row blocks of at most 8 tokens (the `strict`
+    /// profile's fp-contract prefill).
+    pub fn row_chunked(&self, slot: &str) -> bool {
+        slot.starts_with("gemm.")
+            && self
+                .profile
+                .choice(slot)
+                .map(|c| c.family == "gemv")
+                .unwrap_or(false)
+    }
+
+    /// The token count a projection slot's kernel is planned at for a call
+    /// of `m` rows (row-chunked GEMV slots run blocks of at most 8).
+    pub fn plan_rows(&self, slot: &str, m: usize) -> usize {
+        if self.row_chunked(slot) {
+            m.min(GEMV_BLOCK)
+        } else {
+            m
+        }
+    }
+
     /// The family and defines serving `slot` at `p` (no GPU work: used by
     /// the CPU-side profile checks too).
     pub fn resolve(
@@ -110,9 +135,14 @@ impl Planner {
             let mut out = f.default_defines(wt);
             out.extend(to_defines(d));
             let declared = f.declared_defines();
-            for (k, v) in bound {
+            let mut all: Vec<(&str, DefineValue)> = bound.to_vec();
+            if let Problem::Attention(a) = p {
+                all.push(("KV_TYPE", DefineValue::Str(a.kv_type.name().into())));
+                all.push(("HEAD_DIM", DefineValue::Int(a.head_dim as i64)));
+            }
+            for (k, v) in all {
                 if declared.iter().any(|x| x == k) {
-                    out.insert(k.to_string(), v.clone());
+                    out.insert(k.to_string(), v);
                 }
             }
             out

@@ -10,7 +10,7 @@
 use super::family::{FamilySpec, SHAPE_BOUND_DEFINES};
 use super::shapes::Shape;
 use gemtune_kernels::defines::{canonical, DefineValue, Defines};
-use gemtune_kernels::family::{Contract, DeviceLimits, Family, LaunchGeometry, ProblemKind};
+use gemtune_kernels::family::{Contract, DeviceLimits, Family, LaunchGeometry};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
@@ -118,13 +118,16 @@ pub fn expand(spec: &FamilySpec) -> Vec<Point> {
 /// the shape-bound ones the family declares.
 pub fn resolve(p: &Point, shape: &Shape, declared: &[String]) -> Defines {
     let mut d = p.defines.clone();
-    let bound = match shape.kind() {
-        ProblemKind::Attention => "KV_TYPE",
-        ProblemKind::Matmul | ProblemKind::Rows => "WTYPE",
+    let bound: Vec<(&str, DefineValue)> = match shape.problem {
+        gemtune_kernels::Problem::Attention(a) => vec![
+            ("KV_TYPE", DefineValue::Str(shape.wtype_define())),
+            ("HEAD_DIM", DefineValue::Int(a.head_dim as i64)),
+        ],
+        _ => vec![("WTYPE", DefineValue::Str(shape.wtype_define()))],
     };
-    for &b in SHAPE_BOUND_DEFINES {
-        if b == bound && declared.iter().any(|x| x == b) {
-            d.insert(b.to_string(), DefineValue::Str(shape.wtype_define()));
+    for (b, v) in bound {
+        if SHAPE_BOUND_DEFINES.contains(&b) && declared.iter().any(|x| x == b) {
+            d.insert(b.to_string(), v);
         }
     }
     d

@@ -35,8 +35,9 @@ use toml::de::DeValue;
 
 /// Defines the harness sets from the shape, never from the spec.
 /// `WTYPE`: the weight type of a matmul shape or the table type of a
-/// row-wise shape; `KV_TYPE`: the K/V cache type of an attention shape.
-pub const SHAPE_BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE"];
+/// row-wise shape; `KV_TYPE` and `HEAD_DIM`: the K/V cache type and the head
+/// width of an attention shape.
+pub const SHAPE_BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "HEAD_DIM"];
 
 /// A define as written in the spec, with the line it is on.
 #[derive(Clone, Debug, PartialEq)]

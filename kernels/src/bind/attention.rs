@@ -1,10 +1,20 @@
 //! Calling convention of the attention families (`attn_prefill`,
 //! `attn_decode`): see `docs/calling-convention.md`.
+//!
+//! Both kernels take `(q, k_cache, v_cache, out, pos0, n_q, capacity,
+//! n_heads, n_kv_heads, window, pos0_dev, scratch)`. Prefill passes the
+//! first query's position as the scalar `pos0` and `pos0_dev = NULL`;
+//! decode reads it from `pos0_dev` (so a graph replay sees the current
+//! length) and, on tensor cores, writes split-KV partials to `scratch`,
+//! which `attn_combine(scratch, out, n_q, n_heads, splits)` then merges.
 
 use super::{i32_arg, ptr, DevPtr};
-use crate::family::AttnProblem;
-use crate::gpu::{Gpu, GpuError};
+use crate::family::{AttnProblem, LaunchGeometry};
+use crate::gpu::{Gpu, GpuError, KArg};
 use crate::runtime::Kernel;
+
+/// Most KV splits a decode launch uses (grid.z).
+pub const MAX_SPLITS: usize = 64;
 
 /// The buffers and sizes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -15,39 +25,63 @@ pub struct AttnArgs {
     pub out: DevPtr,
     /// Position of the first query (prefill reads it as a scalar).
     pub pos0_host: usize,
-    /// The same position in device memory (decode reads it there).
+    /// The same position in device memory (decode reads it there; NULL
+    /// for prefill).
     pub pos0_dev: DevPtr,
     pub n_q: usize,
     pub capacity: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    /// Sliding window (0: full causal).
     pub window: usize,
-    /// Split-KV partials (decode).
+    /// Split-KV partials (decode), or the tile counter (COUNT_TILES).
     pub scratch: DevPtr,
 }
 
-/// Bytes of split-KV partials a decode call of `p` needs.
-pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
-    let splits = p.kv_len().div_ceil(256).clamp(1, 64);
-    splits * p.n_q * p.n_heads * (p.head_dim + 2) * 4
+impl AttnArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![
+            ptr(self.q),
+            ptr(self.k_cache),
+            ptr(self.v_cache),
+            ptr(self.out),
+            i32_arg(self.pos0_host),
+            i32_arg(self.n_q),
+            i32_arg(self.capacity),
+            i32_arg(self.n_heads),
+            i32_arg(self.n_kv_heads),
+            i32_arg(self.window),
+            ptr(self.pos0_dev),
+            ptr(self.scratch),
+        ]
+    }
 }
 
-/// Launches the planned attention kernel of `p` with `a`.
-pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
-    let _ = p;
-    let args = vec![
-        ptr(a.q),
-        ptr(a.k_cache),
-        ptr(a.v_cache),
-        ptr(a.out),
-        i32_arg(a.pos0_host),
-        i32_arg(a.n_q),
-        i32_arg(a.capacity),
-        i32_arg(a.n_heads),
-        i32_arg(a.n_kv_heads),
-        i32_arg(a.window),
-        ptr(a.pos0_dev),
+/// The combine's parameters after a decode launch with `splits` splits.
+pub fn combine_kargs(a: &AttnArgs, splits: usize) -> Vec<KArg> {
+    vec![
         ptr(a.scratch),
-    ];
-    k.launch(gpu, &args)
+        ptr(a.out),
+        i32_arg(a.n_q),
+        i32_arg(a.n_heads),
+        i32_arg(splits),
+    ]
+}
+
+/// Bytes of split-KV partials a decode call of `p` may need (whatever its
+/// variant's split count).
+pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
+    MAX_SPLITS * p.n_q * p.n_heads * (p.head_dim + 2) * 4
+}
+
+/// Launches a planned attention kernel: the main kernel, and after a
+/// tensor-core decode launch the combine of its splits.
+pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
+    k.launch(gpu, &a.kargs())?;
+    if k.geo.kernel == "attn_decode" && k.has_sibling("attn_combine") {
+        let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
+        let c = k.sibling(geo)?;
+        c.launch(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
+    }
+    Ok(())
 }

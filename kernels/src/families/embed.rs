@@ -185,6 +185,7 @@ impl Family for Embed {
             outputs: vec![(2, OutRead::F32)],
             restore: Vec::new(),
             geo: geo.clone(),
+            then: Vec::new(),
             reference: Box::new(move || (want.clone(), None)),
             bytes: (rows * (row_bytes + 4 * w + 4)) as u64,
             ops: (rows * w) as u64,

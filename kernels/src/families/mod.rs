@@ -2,6 +2,9 @@
 //! weight repacking into planes, the Q8_1 replay and the f64 references.
 
 pub mod act_convert;
+pub mod attention;
+pub mod attn_decode;
+pub mod attn_prefill;
 pub mod embed;
 pub mod gelu_mul;
 pub mod gemm_dq;

@@ -147,6 +147,7 @@ impl Family for Ple {
             outputs: vec![(4, OutRead::F32)],
             restore: Vec::new(),
             geo: geo.clone(),
+            then: Vec::new(),
             reference: Box::new(move || (want.clone(), None)),
             bytes: (rows * (row_bytes + 8 * lp)) as u64,
             ops: (6 * rows * lp) as u64,

@@ -261,6 +261,7 @@ impl Family for QkNormRope {
             outputs: vec![(5, OutRead::F32), (6, read(kvw)), (7, read(kvw))],
             restore: vec![(6, k_pristine), (7, v_pristine)],
             geo: geo.clone(),
+            then: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),
             bytes: (tn * width * 4 + tn * nq * hd * 4) as u64 + written,
             ops: (tn * width * 8) as u64,

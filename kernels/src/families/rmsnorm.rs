@@ -212,6 +212,7 @@ impl Family for RmsNorm {
             },
             args,
             geo: geo.clone(),
+            then: Vec::new(),
             reference: Box::new(move || (reference.clone(), Some(replay.clone()))),
             bytes,
             ops: 6 * n,

@@ -1,5 +1,5 @@
-//! What the row-wise families (rmsnorm, qk_norm_rope, gelu_mul, embed, ple,
-//! softcap) share: one workload shape (inputs, outputs, in-place buffers
+//! What the row-wise and attention families (rmsnorm, qk_norm_rope,
+//! gelu_mul, embed, ple, softcap, attn_prefill, attn_decode) share: one workload shape (inputs, outputs, in-place buffers
 //! restored before every checked run, a reference computed on demand), the
 //! activation-format codecs of `act_out.cuh` on the CPU, and the checks of
 //! their defines.
@@ -146,6 +146,9 @@ pub(crate) struct RowsWorkload {
     pub restore: Vec<(usize, DeviceBuffer)>,
     pub args: Vec<KArg>,
     pub geo: LaunchGeometry,
+    /// Launches of the same module that follow the main one (the split-KV
+    /// combine of the decode attention).
+    pub then: Vec<(LaunchGeometry, Vec<KArg>)>,
     pub reference: RowsRef,
     pub bytes: u64,
     pub ops: u64,
@@ -188,7 +191,11 @@ impl Workload for RowsWorkload {
         1
     }
     fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
-        gpu.launch(m, &self.geo, &self.args)
+        gpu.launch(m, &self.geo, &self.args)?;
+        for (g, a) in &self.then {
+            gpu.launch(m, g, a)?;
+        }
+        Ok(())
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
         for (i, pristine) in &self.restore {

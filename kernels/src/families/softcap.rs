@@ -99,6 +99,7 @@ impl Family for Softcap {
             bufs: vec![buf],
             outputs: vec![(0, OutRead::F32)],
             geo: geo.clone(),
+            then: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),
             bytes: 8 * n,
             ops: 4 * n,

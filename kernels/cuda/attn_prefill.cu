@@ -1,0 +1,74 @@
+// attn_prefill.cu: attention of a prefill chunk (queries at positions
+// pos0 .. pos0 + n_q over keys 0 .. pos0 + n_q of one layer's K/V cache,
+// causal, optionally sliding-window), FlashAttention-2 style.
+//
+// ALGO = 0: the CUDA-core kernel of attn_scalar.cuh (f16, bf16 or f32
+//           caches; contract fp).
+// ALGO = 1: the tensor-core tile loop of attn_core.cuh with GQA packing,
+//           cp.async staging and, with WINDOWED = 1, the KV tiles outside
+//           every row's window skipped (contract approx: Q, K, V and P are
+//           rounded to the cache type, f32 accumulation and softmax).
+// Layouts (docs/calling-convention.md): q, out f32 [n_q][n_heads][HEAD_DIM];
+// K, V [capacity][n_kv_heads][HEAD_DIM] of KV_TYPE, position p at slot
+// p % capacity. pos0 is the scalar argument (pos0_dev = NULL).
+// Grid: ALGO 0: ceil(n_q n_heads / SCALAR_WARPS); ALGO 1: (ceil(n_q / (BQ /
+// G)), n_kv_heads) with (BQ / 16) WD warps and ATTN_SMEM_BYTES of dynamic
+// shared memory.
+//
+// Defines:
+//   ALGO          0 scalar | 1 tensor cores
+//   HEAD_DIM      head width: 256 | 512 (set from the shape)
+//   KV_TYPE       F16 | BF16 | F32 (set from the shape; F32: ALGO 0 only)
+//   SCALAR_WARPS  warps per block of the scalar kernel
+//   BQ            rows (token x head pairs) per CTA: 16 | 32 | 64 | 128
+//   BKV           keys per tile: 32 | 64
+//   WD            warps splitting S columns and O head dims: 1 | 2 | 4
+//   STAGES        K/V tile buffers: 1 | 2
+//   CP_ASYNC      0 | 1: stage K/V with cp.async
+//   WINDOWED      0 | 1: skip the KV tiles outside the window
+//   COUNT_TILES   0 | 1: count visited tiles into *scratch (debug)
+
+#ifndef ALGO
+#error "attn_prefill.cu needs ALGO"
+#endif
+#ifndef HEAD_DIM
+#error "attn_prefill.cu needs HEAD_DIM"
+#endif
+#ifndef KV_TYPE
+#error "attn_prefill.cu needs KV_TYPE"
+#endif
+#ifndef SCALAR_WARPS
+#error "attn_prefill.cu needs SCALAR_WARPS"
+#endif
+#ifndef BQ
+#error "attn_prefill.cu needs BQ"
+#endif
+#ifndef BKV
+#error "attn_prefill.cu needs BKV"
+#endif
+#ifndef WD
+#error "attn_prefill.cu needs WD"
+#endif
+#ifndef STAGES
+#error "attn_prefill.cu needs STAGES"
+#endif
+#ifndef CP_ASYNC
+#error "attn_prefill.cu needs CP_ASYNC"
+#endif
+#ifndef WINDOWED
+#error "attn_prefill.cu needs WINDOWED"
+#endif
+#ifndef COUNT_TILES
+#error "attn_prefill.cu needs COUNT_TILES"
+#endif
+
+#include "common.cuh"
+
+#if ALGO == 0
+#define ATTN_SCALAR_ENTRY attn_prefill
+#include "attn_scalar.cuh"
+#else
+#define ATTN_ENTRY attn_prefill
+#define SPLIT 0
+#include "attn_core.cuh"
+#endif

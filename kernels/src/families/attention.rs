@@ -1,0 +1,502 @@
+//! What the two attention families share (kernels/cuda/attn_prefill.cu,
+//! attn_decode.cu, attn_core.cuh, attn_scalar.cuh): define checks, launch
+//! geometry, the analytic count of visited KV tiles, seeded inputs in the
+//! engine's cache layout, and the f64 oracle with its replay.
+
+use super::rows_common::{OutRead, RowsWorkload};
+use super::{memo, random_matrix, rng_for};
+use crate::bind::attention::{AttnArgs, MAX_SPLITS};
+use crate::check::Tolerance;
+use crate::defines::{get_int, get_str, Defines};
+use crate::family::{
+    attn_of, AttnProblem, Contract, DeviceLimits, KvType, LaunchGeometry, Problem,
+};
+use crate::gpu::{Gpu, GpuError};
+use crate::oracle::{attention, AttnParams};
+use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+
+/// The tensor-core tile configuration of a variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    pub bq: usize,
+    pub bkv: usize,
+    pub wd: usize,
+    pub stages: usize,
+}
+
+impl Tile {
+    pub fn threads(&self) -> usize {
+        self.bq / 16 * self.wd * 32
+    }
+    /// ATTN_SMEM_BYTES of attn_core.cuh.
+    pub fn smem_bytes(&self, hd: usize) -> usize {
+        let qs = hd + 8;
+        (self.bq * qs + 2 * self.stages * self.bkv * qs) * 2
+            + self.bq * (self.bkv + 4) * 4
+            + self.bq * (self.bkv + 8) * 2
+            + 3 * self.bq * 4
+    }
+}
+
+/// The variant's algorithm: the scalar kernel or the tensor-core tiles.
+pub enum Algo {
+    Scalar { warps: usize },
+    Mma(Tile),
+}
+
+fn int_of(d: &Defines, k: &str, allowed: &[i64]) -> Result<usize, String> {
+    crate::family::int_in(d, k, allowed).map(|v| v as usize)
+}
+
+/// The cache type the variant reads (bound to the shape's).
+pub fn kv_type(d: &Defines, p: &AttnProblem) -> Result<KvType, String> {
+    let s = get_str(d, "KV_TYPE")?;
+    let t = KvType::from_name(&s).ok_or_else(|| format!("KV_TYPE={s} is not F16, BF16 or F32"))?;
+    if t != p.kv_type {
+        return Err(format!(
+            "KV_TYPE={s} does not match the shape's cache type {}",
+            p.kv_type.name()
+        ));
+    }
+    Ok(t)
+}
+
+/// Checks the defines shared by both families against the problem.
+pub fn read(d: &Defines, p: &AttnProblem, lim: &DeviceLimits) -> Result<Algo, String> {
+    p.check()?;
+    let hd = get_int(d, "HEAD_DIM")? as usize;
+    if hd != p.head_dim {
+        return Err(format!(
+            "HEAD_DIM={hd} does not match the shape's head dim {}",
+            p.head_dim
+        ));
+    }
+    if hd % 32 != 0 || hd > 1024 {
+        return Err(format!("head dim {hd} must be a multiple of 32 up to 1024"));
+    }
+    let kv = kv_type(d, p)?;
+    match get_int(d, "ALGO")? {
+        0 => {
+            let w = crate::family::int_range(d, "SCALAR_WARPS", 1, 32)? as usize;
+            Ok(Algo::Scalar { warps: w })
+        }
+        1 => {
+            if kv == KvType::F32 {
+                return Err(
+                    "the tensor-core kernel reads F16 or BF16 caches; ALGO=0 reads F32".into(),
+                );
+            }
+            let t = Tile {
+                bq: int_of(d, "BQ", &[16, 32, 64, 128])?,
+                bkv: int_of(d, "BKV", &[32, 64])?,
+                wd: int_of(d, "WD", &[1, 2, 4])?,
+                stages: int_of(d, "STAGES", &[1, 2])?,
+            };
+            int_of(d, "CP_ASYNC", &[0, 1])?;
+            let g = p.group();
+            if g > t.bq || t.bq % g != 0 {
+                return Err(format!(
+                    "BQ={} rows do not hold whole GQA groups of {g} heads",
+                    t.bq
+                ));
+            }
+            if t.bkv / t.wd < 8 || (hd / t.wd) % 16 != 0 {
+                return Err(format!(
+                    "WD={} leaves {} S columns / {} head dims per warp (need >= 8 / a multiple of 16)",
+                    t.wd,
+                    t.bkv / t.wd,
+                    hd / t.wd
+                ));
+            }
+            if t.threads() > lim.max_threads_per_block as usize {
+                return Err(format!("{} threads per block", t.threads()));
+            }
+            if hd / t.wd / 2 > 128 {
+                return Err(format!(
+                    "{} f32 O accumulators per thread would not fit in registers (raise WD)",
+                    hd / t.wd / 2
+                ));
+            }
+            let smem = t.smem_bytes(hd);
+            if smem > lim.max_smem_per_block as usize {
+                return Err(format!(
+                    "needs {smem} bytes of shared memory, the {} limit is {}",
+                    lim.arch, lim.max_smem_per_block
+                ));
+            }
+            Ok(Algo::Mma(t))
+        }
+        a => Err(format!("ALGO={a} is not 0 or 1")),
+    }
+}
+
+/// Query tokens per CTA of the tensor-core kernel.
+pub fn tokens_per_cta(t: &Tile, p: &AttnProblem) -> usize {
+    t.bq / p.group()
+}
+
+/// KV splits of the decode kernel: SPLITS, or (0) enough CTAs to fill the
+/// device twice over at the planned length, at most one per KV tile.
+pub fn splits(d: &Defines, t: &Tile, p: &AttnProblem, lim: &DeviceLimits) -> Result<usize, String> {
+    let s = crate::family::int_range(d, "SPLITS", 0, MAX_SPLITS as i64)? as usize;
+    if s > 0 {
+        return Ok(s);
+    }
+    let keys = if p.window > 0 {
+        (p.window + p.n_q).min(p.kv_len())
+    } else {
+        p.kv_len()
+    };
+    let tiles = keys.div_ceil(t.bkv) + 1;
+    let ctas = p.n_q.div_ceil(tokens_per_cta(t, p)) * p.n_kv_heads;
+    let want = (2 * lim.sm_count as usize).div_ceil(ctas.max(1));
+    Ok(want.min(tiles).clamp(1, MAX_SPLITS))
+}
+
+/// The launch of a validated variant (`z` KV splits; 1 for prefill).
+pub fn geometry(entry: &str, algo: &Algo, p: &AttnProblem, z: usize) -> LaunchGeometry {
+    match algo {
+        Algo::Scalar { warps } => LaunchGeometry {
+            kernel: entry.into(),
+            grid: ((p.n_q * p.n_heads).div_ceil(*warps) as u32, 1, 1),
+            block: ((warps * 32) as u32, 1, 1),
+            dyn_smem: 0,
+        },
+        Algo::Mma(t) => LaunchGeometry {
+            kernel: entry.into(),
+            grid: (
+                p.n_q.div_ceil(tokens_per_cta(t, p)) as u32,
+                p.n_kv_heads as u32,
+                z as u32,
+            ),
+            block: (t.threads() as u32, 1, 1),
+            dyn_smem: t.smem_bytes(p.head_dim) as u32,
+        },
+    }
+}
+
+/// KV tiles the tensor-core kernel visits in total (all CTAs, all splits),
+/// from positions alone: the proof the windowed kernel skips tiles.
+pub fn visited_tiles(t: &Tile, p: &AttnProblem, windowed: bool) -> u64 {
+    let per = tokens_per_cta(t, p);
+    let cache_lo = p.kv_len().saturating_sub(p.capacity);
+    let mut n = 0u64;
+    let mut t0 = 0;
+    while t0 < p.n_q {
+        let n_tok = per.min(p.n_q - t0);
+        let p_lo = p.q_pos0 + t0;
+        let p_hi = p_lo + n_tok - 1;
+        let k_lo = if windowed && p.window > 0 {
+            cache_lo.max((p_lo + 1).saturating_sub(p.window))
+        } else {
+            cache_lo
+        };
+        n += (p_hi / t.bkv - k_lo / t.bkv + 1) as u64;
+        t0 += per;
+    }
+    n * p.n_kv_heads as u64
+}
+
+/// The contract of a variant.
+pub fn contract(d: &Defines) -> Contract {
+    match get_int(d, "ALGO") {
+        Ok(1) => Contract::Approx,
+        _ => Contract::Fp,
+    }
+}
+
+/// Tolerances: f32 throughout for the scalar kernel; operand rounding to
+/// f16 / bf16 for the tensor-core one (Q, K, V and P rounded; the replay
+/// rounds Q too, leaving P's rounding and the f32 sums).
+pub fn tolerance(d: &Defines, p: &Problem) -> Tolerance {
+    let kv = attn_of(p).map(|a| a.kv_type).unwrap_or(KvType::F16);
+    match (contract(d), kv) {
+        (Contract::Approx, KvType::Bf16) => Tolerance {
+            rms_rel: 3e-2,
+            max_rel: 0.2,
+            outlier_frac: 1e-3,
+            replay_rms_rel: 1.5e-2,
+        },
+        (Contract::Approx, _) => Tolerance {
+            rms_rel: 4e-3,
+            max_rel: 4e-2,
+            outlier_frac: 1e-3,
+            replay_rms_rel: 2e-3,
+        },
+        _ => Tolerance {
+            rms_rel: 1e-5,
+            max_rel: 1e-4,
+            outlier_frac: 0.0,
+            replay_rms_rel: 1e-5,
+        },
+    }
+}
+
+fn store(t: KvType, v: f32) -> f32 {
+    match t {
+        KvType::F32 => v,
+        KvType::F16 => f16_to_f32(f32_to_f16(v)),
+        KvType::Bf16 => bf16_to_f32(f32_to_bf16(v)),
+    }
+}
+
+/// Seeded inputs of a problem: q, and every cache slot filled (as stored).
+pub struct AttnInputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+pub fn inputs(p: &AttnProblem, seed: u64) -> std::sync::Arc<AttnInputs> {
+    let key = format!("attn inputs {p:?} {seed}");
+    memo::get(key, || {
+        let dims = [
+            p.n_heads,
+            p.n_kv_heads,
+            p.head_dim,
+            p.window,
+            p.q_pos0,
+            p.n_q,
+            p.capacity,
+        ];
+        let mut rng = rng_for("attention", &dims, seed);
+        // Scores O(1-3) as with Gemma 4's normed q and k (k norms ~0.12).
+        let q: Vec<f32> = random_matrix(&mut rng, p.n_q * p.n_heads, p.head_dim)
+            .into_iter()
+            .map(|x| x * 0.2)
+            .collect();
+        let w = p.n_kv_heads * p.head_dim;
+        let k: Vec<f32> = random_matrix(&mut rng, p.capacity, w)
+            .into_iter()
+            .map(|x| store(p.kv_type, x * 0.5))
+            .collect();
+        let v: Vec<f32> = random_matrix(&mut rng, p.capacity, w)
+            .into_iter()
+            .map(|x| store(p.kv_type, x))
+            .collect();
+        AttnInputs { q, k, v }
+    })
+}
+
+/// The f64 oracle over the keys still cached, with `q` as given.
+pub fn oracle(p: &AttnProblem, inp: &AttnInputs, q: &[f32]) -> Vec<f64> {
+    let kv_len = p.kv_len();
+    let lo = kv_len.saturating_sub(p.capacity);
+    let w = p.n_kv_heads * p.head_dim;
+    let k_pos: Vec<usize> = (lo..kv_len).collect();
+    let mut k = Vec::with_capacity(k_pos.len() * w);
+    let mut v = Vec::with_capacity(k_pos.len() * w);
+    for &kp in &k_pos {
+        let s = kp % p.capacity;
+        k.extend_from_slice(&inp.k[s * w..(s + 1) * w]);
+        v.extend_from_slice(&inp.v[s * w..(s + 1) * w]);
+    }
+    let q_pos: Vec<usize> = (p.q_pos0..kv_len).collect();
+    let params = AttnParams {
+        n_heads: p.n_heads,
+        n_kv_heads: p.n_kv_heads,
+        head_dim: p.head_dim,
+        scale: 1.0,
+        window: (p.window > 0).then_some(p.window),
+    };
+    // Split the query rows over threads: the oracle is per query row.
+    use rayon::prelude::*;
+    let rw = p.n_heads * p.head_dim;
+    let mut out = vec![0f32; p.n_q * rw];
+    out.par_chunks_mut(rw).enumerate().for_each(|(t, o)| {
+        attention(
+            &q[t * rw..(t + 1) * rw],
+            &q_pos[t..t + 1],
+            &k,
+            &v,
+            &k_pos,
+            &params,
+            o,
+        );
+    });
+    out.into_iter().map(f64::from).collect()
+}
+
+fn upload_kv(gpu: &Gpu, t: KvType, v: &[f32]) -> Result<crate::gpu::DeviceBuffer, GpuError> {
+    match t {
+        KvType::F32 => gpu.upload(v),
+        KvType::F16 => gpu.upload(&v.iter().map(|&x| f32_to_f16(x)).collect::<Vec<_>>()),
+        KvType::Bf16 => gpu.upload(&v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>()),
+    }
+}
+
+/// A checkable, timeable attention call. `decode`: pos0 from device memory
+/// and (tensor cores) split-KV with the combine.
+pub fn workload(
+    gpu: &Gpu,
+    d: &Defines,
+    p: &Problem,
+    geo: &LaunchGeometry,
+    seed: u64,
+    decode: bool,
+) -> Result<Box<dyn crate::workload::Workload>, GpuError> {
+    let a = *attn_of(p).map_err(GpuError::Rejected)?;
+    let algo = read(d, &a, &gpu.limits()).map_err(GpuError::Rejected)?;
+    let inp = inputs(&a, seed);
+    let op = match (&algo, a.kv_type) {
+        (Algo::Mma(_), t) => Some(t),
+        _ => None,
+    };
+    let q_bufs = gpu.upload(&inp.q)?;
+    let kc = upload_kv(gpu, a.kv_type, &inp.k)?;
+    let vc = upload_kv(gpu, a.kv_type, &inp.v)?;
+    let out = gpu.alloc(a.n_q * a.n_heads * a.head_dim * 4)?;
+    let pos = gpu.upload(&[a.q_pos0 as i32])?;
+    let splits = geo.grid.2.max(1) as usize;
+    let scratch_words = if decode {
+        splits * a.n_q * a.n_heads * (a.head_dim + 2)
+    } else {
+        4
+    };
+    let scratch = gpu.alloc(scratch_words * 4)?;
+    let args = AttnArgs {
+        q: q_bufs.ptr(),
+        k_cache: kc.ptr(),
+        v_cache: vc.ptr(),
+        out: out.ptr(),
+        pos0_host: a.q_pos0,
+        pos0_dev: if decode { pos.ptr() } else { 0 },
+        n_q: a.n_q,
+        capacity: a.capacity,
+        n_heads: a.n_heads,
+        n_kv_heads: a.n_kv_heads,
+        window: a.window,
+        scratch: scratch.ptr(),
+    };
+    let then = match (&algo, decode) {
+        (Algo::Mma(_), true) => vec![(
+            combine_geometry(&a),
+            crate::bind::attention::combine_kargs(&args, splits),
+        )],
+        _ => Vec::new(),
+    };
+    let key = format!("attn ref {a:?} {seed}");
+    let replay_key = format!("attn replay {a:?} {seed} {op:?}");
+    let inp2 = inp.clone();
+    let reference: super::rows_common::RowsRef = Box::new(move || {
+        let r = memo::get(key.clone(), || oracle(&a, &inp2, &inp2.q));
+        let rp = op.map(|t| {
+            (*memo::get(replay_key.clone(), || {
+                let qr: Vec<f32> = inp2.q.iter().map(|&x| store(t, x)).collect();
+                oracle(&a, &inp2, &qr)
+            }))
+            .clone()
+        });
+        ((*r).clone(), rp)
+    });
+    // Bytes: q and out, and the K/V rows the visible keys occupy.
+    let kv_keys = visible_keys(&a);
+    let bytes = (2 * a.n_q * a.n_heads * a.head_dim * 4
+        + 2 * kv_keys * a.n_kv_heads * a.head_dim * a.kv_type.bytes()) as u64;
+    Ok(Box::new(RowsWorkload {
+        bufs: vec![q_bufs, kc, vc, out, pos, scratch],
+        outputs: vec![(3, OutRead::F32)],
+        restore: Vec::new(),
+        args: args.kargs(),
+        geo: geo.clone(),
+        then,
+        reference,
+        bytes,
+        ops: 4 * (a.head_dim * a.n_heads) as u64 * a.visible_pairs(),
+    }))
+}
+
+/// Distinct key positions any query of the call can see.
+pub fn visible_keys(a: &AttnProblem) -> usize {
+    let lo_cache = a.kv_len().saturating_sub(a.capacity);
+    let lo = if a.window > 0 {
+        lo_cache.max((a.q_pos0 + 1).saturating_sub(a.window))
+    } else {
+        lo_cache
+    };
+    a.kv_len() - lo
+}
+
+/// The combine launch of the decode kernel.
+pub fn combine_geometry(a: &AttnProblem) -> LaunchGeometry {
+    LaunchGeometry {
+        kernel: "attn_combine".into(),
+        grid: ((a.n_q * a.n_heads) as u32, 1, 1),
+        block: ((a.head_dim / 2).clamp(32, 256) as u32, 1, 1),
+        dyn_smem: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::Arch;
+
+    fn prob(n_q: usize, q_pos0: usize, window: usize, cap: usize) -> AttnProblem {
+        AttnProblem {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 256,
+            window,
+            q_pos0,
+            n_q,
+            capacity: cap,
+            kv_type: KvType::F16,
+        }
+    }
+
+    #[test]
+    fn windowed_visits_only_the_band() {
+        let t = Tile {
+            bq: 64,
+            bkv: 64,
+            wd: 2,
+            stages: 2,
+        };
+        // 4096 tokens from 0, window 512: 16 tokens per CTA (GQA 4).
+        let p = prob(4096, 0, 512, 4096);
+        let full = visited_tiles(&t, &p, false);
+        let band = visited_tiles(&t, &p, true);
+        assert!(band < full / 4, "band {band} vs full {full}");
+        // Full causal: CTA c ends at tile (16c + 15) / 64, from tile 0.
+        let want: u64 = (0..256u64).map(|c| (16 * c + 15) / 64 + 1).sum::<u64>() * 2;
+        assert_eq!(full, want);
+        // Without a window both visit the same tiles.
+        let pf = prob(300, 100, 0, 400);
+        assert_eq!(visited_tiles(&t, &pf, true), visited_tiles(&t, &pf, false));
+    }
+
+    #[test]
+    fn tiles_that_cannot_fit_are_rejected() {
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let mut d = Defines::new();
+        for (k, v) in [
+            ("ALGO", 1i64),
+            ("HEAD_DIM", 512),
+            ("SCALAR_WARPS", 4),
+            ("BQ", 64),
+            ("BKV", 64),
+            ("WD", 2),
+            ("STAGES", 2),
+            ("CP_ASYNC", 1),
+        ] {
+            d.insert(k.into(), v.into());
+        }
+        d.insert("KV_TYPE".into(), "F16".into());
+        let mut p = prob(64, 0, 0, 64);
+        p.head_dim = 512;
+        let e = read(&d, &p, &lim)
+            .err()
+            .expect("too much smem or registers");
+        assert!(
+            e.contains("shared memory") || e.contains("registers"),
+            "{e}"
+        );
+        d.insert("BKV".into(), 32i64.into());
+        d.insert("WD".into(), 4i64.into());
+        assert!(read(&d, &p, &lim).is_ok());
+        p.kv_type = KvType::F32;
+        d.insert("KV_TYPE".into(), "F32".into());
+        assert!(read(&d, &p, &lim).is_err());
+    }
+}

@@ -1,0 +1,269 @@
+//! GPU proofs of the attention kernels' features: the windowed kernel
+//! visits exactly the KV tiles its window and causal bound touch (counted by
+//! the kernel itself with COUNT_TILES = 1, against the analytic count), and
+//! its output differs from full causal attention when the window cuts keys
+//! while matching the windowed oracle. Also the decode kernel with a grid
+//! planned for a longer cache than the call's. All `#[ignore = "needs a
+//! CUDA GPU"]`; without a GPU they panic with the reason.
+
+use gemtune_kernels::bind::attention::AttnArgs;
+use gemtune_kernels::check::compare;
+use gemtune_kernels::compile::{compile, default_cache_dir};
+use gemtune_kernels::defines::{DefineValue, Defines};
+use gemtune_kernels::families::attention::{inputs, oracle, visited_tiles, Tile};
+use gemtune_kernels::family::{family, AttnProblem, Contract, Family, KvType, Problem};
+use gemtune_kernels::quant::blocks::f32_to_f16;
+use gemtune_kernels::quant::GgmlType;
+use gemtune_kernels::{check_variant, Gpu};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+}
+
+fn defines(f: &dyn Family, kv: &[(&str, i64)], p: &AttnProblem) -> Defines {
+    let mut d = f.default_defines(GgmlType::F16);
+    for (k, v) in kv {
+        d.insert(k.to_string(), DefineValue::Int(*v));
+    }
+    d.insert("HEAD_DIM".into(), DefineValue::Int(p.head_dim as i64));
+    d.insert("KV_TYPE".into(), DefineValue::Str(p.kv_type.name().into()));
+    d
+}
+
+fn swa(n_q: usize, q_pos0: usize, window: usize) -> AttnProblem {
+    AttnProblem {
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 256,
+        window,
+        q_pos0,
+        n_q,
+        capacity: q_pos0 + n_q,
+        kv_type: KvType::F16,
+    }
+}
+
+/// Runs attn_prefill with `d` on `p` and returns (out, tiles counted).
+fn run(gpu: &Gpu, d: &Defines, p: &AttnProblem) -> (Vec<f32>, u32) {
+    let f = family("attn_prefill").expect("registered");
+    let prob = Problem::Attention(*p);
+    let geo = f
+        .validate(d, &prob, &gpu.limits())
+        .unwrap_or_else(|e| panic!("rejected: {e}"));
+    let cv = compile(f, d, gpu.arch(), default_cache_dir().as_deref()).expect("compile");
+    let m = gpu.load(&cv).expect("load");
+    let inp = inputs(p, 11);
+    let h = |v: &[f32]| v.iter().map(|&x| f32_to_f16(x)).collect::<Vec<u16>>();
+    let q = gpu.upload(&inp.q).expect("q");
+    let k = gpu.upload(&h(&inp.k)).expect("k");
+    let v = gpu.upload(&h(&inp.v)).expect("v");
+    let out = gpu.alloc(inp.q.len() * 4).expect("out");
+    let counter = gpu.upload(&[0u32; 4]).expect("counter");
+    let a = AttnArgs {
+        q: q.ptr(),
+        k_cache: k.ptr(),
+        v_cache: v.ptr(),
+        out: out.ptr(),
+        pos0_host: p.q_pos0,
+        pos0_dev: 0,
+        n_q: p.n_q,
+        capacity: p.capacity,
+        n_heads: p.n_heads,
+        n_kv_heads: p.n_kv_heads,
+        window: p.window,
+        scratch: counter.ptr(),
+    };
+    gpu.launch(&m, &geo, &a.kargs()).expect("launch");
+    let o: Vec<f32> = gpu.download(&out).expect("download");
+    let c: Vec<u32> = gpu.download(&counter).expect("counter");
+    (o, c[0])
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn windowed_kernel_visits_exactly_the_band_tiles() {
+    let g = gpu();
+    let f = family("attn_prefill").expect("registered");
+    for (p, bkv, wd) in [
+        (swa(1024, 0, 512), 64, 2),
+        (swa(300, 700, 512), 32, 4),
+        (swa(64, 1999, 512), 64, 2),
+    ] {
+        for windowed in [0, 1] {
+            let d = defines(
+                f,
+                &[
+                    ("BKV", bkv),
+                    ("WD", wd),
+                    ("WINDOWED", windowed),
+                    ("COUNT_TILES", 1),
+                ],
+                &p,
+            );
+            let (_, counted) = run(&g, &d, &p);
+            let t = Tile {
+                bq: 64,
+                bkv: bkv as usize,
+                wd: wd as usize,
+                stages: 2,
+            };
+            let want = visited_tiles(&t, &p, windowed == 1);
+            println!("{p:?} windowed={windowed}: {counted} tiles (analytic {want})");
+            assert_eq!(counted as u64, want, "windowed={windowed} on {p:?}");
+        }
+        let t = Tile {
+            bq: 64,
+            bkv: bkv as usize,
+            wd: wd as usize,
+            stages: 2,
+        };
+        assert!(
+            visited_tiles(&t, &p, true) < visited_tiles(&t, &p, false),
+            "the window must cut tiles on {p:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn windowed_output_differs_from_full_causal_and_matches_the_window_oracle() {
+    let g = gpu();
+    let f = family("attn_prefill").expect("registered");
+    let p = swa(256, 600, 512);
+    let full = AttnProblem { window: 0, ..p };
+    let d = defines(f, &[("WINDOWED", 1)], &p);
+    let (win_out, _) = run(&g, &d, &p);
+    let (full_out, _) = run(&g, &defines(f, &[("WINDOWED", 0)], &full), &full);
+    let differ = win_out
+        .iter()
+        .zip(&full_out)
+        .filter(|(a, b)| (*a - *b).abs() > 1e-3)
+        .count();
+    assert!(
+        differ > win_out.len() / 4,
+        "only {differ} of {} outputs differ: the window did not cut keys",
+        win_out.len()
+    );
+    let inp = inputs(&p, 11);
+    let want = oracle(&p, &inp, &inp.q);
+    let tol = f.default_tolerance(&d, &Problem::Attention(p));
+    let r = compare(&win_out, &want, None, Contract::Approx, &tol);
+    assert!(r.passed, "windowed vs oracle: {}", r.detail);
+    let bad = compare(&full_out, &want, None, Contract::Approx, &tol);
+    assert!(!bad.passed, "full causal must not pass the windowed oracle");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_attention_variant_passes_on_ragged_shapes() {
+    let g = gpu();
+    let mut bad = Vec::new();
+    let shapes = [
+        swa(7, 0, 512),
+        swa(113, 450, 512),
+        AttnProblem {
+            capacity: 512 + 64 - 1,
+            ..swa(64, 1500, 512)
+        },
+        AttnProblem {
+            head_dim: 512,
+            window: 0,
+            ..swa(33, 90, 0)
+        },
+        AttnProblem {
+            n_heads: 16,
+            n_kv_heads: 1,
+            head_dim: 512,
+            window: 0,
+            ..swa(17, 30, 0)
+        },
+    ];
+    for (fname, variants) in [
+        (
+            "attn_prefill",
+            vec![
+                vec![("ALGO", 0)],
+                vec![],
+                vec![("WINDOWED", 1)],
+                vec![("STAGES", 1), ("CP_ASYNC", 0)],
+            ],
+        ),
+        (
+            "attn_decode",
+            vec![vec![("ALGO", 0)], vec![], vec![("SPLITS", 3)]],
+        ),
+    ] {
+        let f = family(fname).expect("registered");
+        for v in &variants {
+            for p in &shapes {
+                let p = if fname == "attn_decode" {
+                    AttnProblem {
+                        q_pos0: p.q_pos0 + p.n_q - p.n_q.min(3),
+                        n_q: p.n_q.min(3),
+                        ..*p
+                    }
+                } else {
+                    *p
+                };
+                let mut d = defines(f, v, &p);
+                if p.head_dim == 512 {
+                    d.insert("BKV".into(), DefineValue::Int(32));
+                    d.insert("WD".into(), DefineValue::Int(4));
+                }
+                let prob = Problem::Attention(p);
+                if f.validate(&d, &prob, &g.limits()).is_err() {
+                    continue;
+                }
+                let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
+                let tol = f.default_tolerance(&d, &prob);
+                match check_variant(&g, f, &cv, &d, &prob, 5, &tol) {
+                    Ok(r) => {
+                        println!(
+                            "{fname} {v:?} {p:?}: {} rms {:.2e} replay {:?}",
+                            if r.passed { "PASS" } else { "FAIL" },
+                            r.rms_rel,
+                            r.replay_rms_rel
+                        );
+                        if !r.passed {
+                            bad.push(format!("{fname} {v:?} {p:?}: {}", r.detail));
+                        }
+                    }
+                    Err(e) => bad.push(format!("{fname} {v:?} {p:?}: {e}")),
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn decode_grid_planned_for_a_longer_cache_still_computes_the_short_one() {
+    let g = gpu();
+    let f = family("attn_decode").expect("registered");
+    // Planned at 16k keys, run at 700.
+    let planned = AttnProblem {
+        n_q: 1,
+        q_pos0: 16383,
+        capacity: 16384,
+        ..swa(1, 0, 0)
+    };
+    let real = AttnProblem {
+        q_pos0: 699,
+        ..planned
+    };
+    let d = defines(f, &[], &planned);
+    let geo = f
+        .validate(&d, &Problem::Attention(planned), &g.limits())
+        .expect("valid");
+    let prob = Problem::Attention(real);
+    let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
+    let m = g.load(&cv).expect("load");
+    let mut wl = f.workload(&g, &d, &prob, &geo, 3).expect("workload");
+    wl.poison(&g).expect("poison");
+    wl.launch(&g, &m, 0).expect("launch");
+    let tol = f.default_tolerance(&d, &prob);
+    let r = wl.evaluate(&g, Contract::Approx, &tol).expect("evaluate");
+    assert!(r.passed, "{}", r.detail);
+    let _ = &mut wl;
+}
