@@ -179,6 +179,7 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         }
         wait_stages<1>();
 #else
+        if (tile != tile_lo) load_tile(tile, 0);
         wait_stages<0>();
 #endif
         __syncthreads();
