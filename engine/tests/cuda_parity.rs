@@ -251,3 +251,54 @@ fn prefill_is_deterministic_run_to_run() {
     };
     assert!(run() == run(), "two prefills of the same tokens differ");
 }
+
+/// Layer by layer against the CPU engine's trace: prints, for the prefill
+/// rows and every decode step, the relative error of each layer's queries,
+/// attention output and output, so a mismatch names its first layer and
+/// stage; asserts the strict profile stays within 1e-4 everywhere.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn per_layer_trace_matches_the_cpu_engine() {
+    let m = tiny();
+    let toks = prompt(&m, 24, 4);
+    for profile in ["strict", "main"] {
+        let mut c = cpu(&m, 64);
+        c.enable_trace();
+        let mut g = cuda(&m, profile, 64, 16, true);
+        g.enable_trace();
+        c.forward(&toks[..20], LogitRows::All).expect("cpu");
+        g.forward(&toks[..20], LogitRows::All).expect("gpu");
+        for &t in &toks[20..] {
+            c.forward(&[t], LogitRows::Last).expect("cpu decode");
+            g.forward(&[t], LogitRows::Last).expect("gpu decode");
+        }
+        let (ct, gt) = (c.trace().expect("cpu trace"), g.trace().expect("gpu trace"));
+        let mut worst: f64 = 0.0;
+        for l in 0..m.config().n_layers {
+            for pos in [0usize, 7, 8, 19, 20, 23] {
+                let (Some(co), Some(go)) = (ct.out(l, pos), gt.out(l, pos)) else {
+                    continue;
+                };
+                let e_out = rms_rel(go, co);
+                let e_q = match (gt.q(l, pos), ct.q(l, pos)) {
+                    (Some(a), Some(b)) => rms_rel(a, b),
+                    _ => f64::NAN,
+                };
+                let e_attn = match (gt.attn(l, pos), ct.attn(l, pos)) {
+                    (Some(a), Some(b)) => rms_rel(a, b),
+                    _ => f64::NAN,
+                };
+                eprintln!(
+                    "{profile} layer {l} pos {pos}: q {e_q:.2e} attn {e_attn:.2e} out {e_out:.2e}"
+                );
+                worst = worst.max(e_out);
+            }
+        }
+        if profile == "strict" {
+            assert!(
+                worst < 1e-4,
+                "strict: worst layer output rms_rel {worst:.3e}"
+            );
+        }
+    }
+}

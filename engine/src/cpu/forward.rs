@@ -139,6 +139,15 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// An empty trace for a model (the CUDA engine records into the same
+    /// structure, so the two can be compared layer by layer).
+    pub fn new(cfg: &crate::config::Gemma4Config) -> Trace {
+        Trace {
+            d: cfg.d_model,
+            q_dims: cfg.layers.iter().map(|l| l.q_dim()).collect(),
+            layers: vec![LayerTrace::default(); cfg.n_layers],
+        }
+    }
     fn idx(&self, l: usize, pos: usize) -> Option<usize> {
         self.layers
             .get(l)?
@@ -323,12 +332,7 @@ impl<'m> CpuEngine<'m> {
     }
     /// Record every layer's activations from now on (costs copies).
     pub fn enable_trace(&mut self) {
-        let cfg = self.model.config();
-        self.trace = Some(Trace {
-            d: cfg.d_model,
-            q_dims: cfg.layers.iter().map(|l| l.q_dim()).collect(),
-            layers: vec![LayerTrace::default(); cfg.n_layers],
-        });
+        self.trace = Some(Trace::new(self.model.config()));
     }
     pub fn trace(&self) -> Option<&Trace> {
         self.trace.as_ref()

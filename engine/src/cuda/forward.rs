@@ -81,8 +81,9 @@ pub(super) fn plan_layouts(
                     l.bf16 = true;
                     continue;
                 }
+                let pm = planner.plan_rows(&slot, m);
                 let (fam, defines, _) =
-                    planner.resolve(&slot, &Problem::matmul(m, n, k, t), &[])?;
+                    planner.resolve(&slot, &Problem::matmul(pm, n, k, t), &[])?;
                 let b = MatmulBinding::of(fam.name(), &defines).map_err(|msg| {
                     super::PlanError::Slot {
                         slot: slot.clone(),
@@ -443,7 +444,12 @@ impl CudaEngine<'_> {
                 .collect();
             let chunk = &tokens[c0..c1];
             let k = keep.len();
-            if chunk.len() == 1 && k == 1 && self.use_graph && self.phases.borrow().is_none() {
+            if chunk.len() == 1
+                && k == 1
+                && self.use_graph
+                && self.phases.borrow().is_none()
+                && self.trace.is_none()
+            {
                 self.decode_graph(chunk[0])?;
                 self.read_logits(1, &mut data[done * vocab..(done + 1) * vocab])?;
             } else if let Some(rows) = self.run_chunk(chunk, &keep)? {
@@ -559,8 +565,57 @@ impl CudaEngine<'_> {
     /// One decoder layer over `rows`; `a` holds the layer's normed input.
     fn layer(&mut self, l: usize, rows: Rows, next_norm: bool) -> Result<(), EngineError> {
         launch::attention_block(self, l, rows)?;
+        if self.trace.is_some() {
+            self.record_trace(l, rows, false)?;
+        }
         launch::ffn_block(self, l, rows)?;
-        launch::ple_injection(self, l, rows, next_norm)
+        launch::ple_injection(self, l, rows, next_norm)?;
+        if self.trace.is_some() {
+            self.record_trace(l, rows, true)?;
+        }
+        Ok(())
+    }
+
+    /// Appends layer `l`'s queries and attention output (`out` = false) or
+    /// its output (the residual stream, `out` = true) for `rows` to the
+    /// trace (synchronizes: debugging only).
+    fn record_trace(&mut self, l: usize, rows: Rows, out: bool) -> Result<(), EngineError> {
+        let cfg = self.model.config();
+        let (d, qd) = (cfg.d_model, cfg.layers[l].q_dim());
+        let x: Vec<f32> = if out {
+            self.gpu.download(&self.b.x).map_err(dev)?
+        } else {
+            Vec::new()
+        };
+        let (q, o): (Vec<f32>, Vec<f32>) = if out {
+            (Vec::new(), Vec::new())
+        } else {
+            (
+                self.gpu.download(&self.b.q).map_err(dev)?,
+                self.gpu.download(&self.b.o).map_err(dev)?,
+            )
+        };
+        let Some(tr) = self.trace.as_mut() else {
+            return Ok(());
+        };
+        let lt = &mut tr.layers[l];
+        if out {
+            lt.out.extend_from_slice(&x[..rows.n * d]);
+        } else {
+            lt.positions.extend((0..rows.n).map(|i| rows.pos0 + i));
+            lt.q.extend_from_slice(&q[..rows.n * qd]);
+            lt.attn.extend_from_slice(&o[..rows.n * qd]);
+        }
+        Ok(())
+    }
+
+    /// Records every layer's queries, attention output and output from now
+    /// on, in the CPU engine's `Trace` (decode steps then run eagerly).
+    pub fn enable_trace(&mut self) {
+        self.trace = Some(crate::cpu::Trace::new(self.model.config()));
+    }
+    pub fn trace(&self) -> Option<&crate::cpu::Trace> {
+        self.trace.as_ref()
     }
 
     /// Copies the first `k` (at most 8) logits rows to `out` through the

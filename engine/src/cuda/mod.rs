@@ -148,6 +148,8 @@ pub struct CudaEngine<'m> {
     phases: std::cell::RefCell<Option<Phases>>,
     staging_i32: PinnedBuf<i32>,
     staging_logits: PinnedBuf<f32>,
+    /// Per-layer activations, when enabled (tests and debugging).
+    trace: Option<crate::cpu::Trace>,
     /// cuBLAS, when a slot is served by the vendor GEMM.
     cublas: Option<gemtune_kernels::reference::Cublas>,
 }
@@ -242,6 +244,7 @@ impl<'m> CudaEngine<'m> {
             phases: std::cell::RefCell::new(opts.phases.then(Phases::new)),
             staging_i32,
             staging_logits,
+            trace: None,
             cublas,
         };
         e.preplan()?;
