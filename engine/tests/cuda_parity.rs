@@ -165,22 +165,38 @@ fn strict_profile_matches_the_cpu_engine_on_an_e2b_shaped_model() {
     assert!(a.worst_rms < 1e-4, "worst row rms_rel {:.3e}", a.worst_rms);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn main_profile_agrees_with_the_cpu_engine() {
+/// Top-1 agreement and logit error of `profile` on tiny and the E2B-shaped
+/// model (main's bar: 99% and 1e-2).
+fn profile_agrees(profile: &str) {
     for (name, m) in [("tiny", tiny()), ("e2b", e2b_shaped())] {
-        let a = compare_engines(&m, "main", 200, 128);
+        let a = compare_engines(&m, profile, 200, 128);
         eprintln!(
-            "{name} main: worst rms_rel {:.3e}, top-1 {:.4}",
+            "{name} {profile}: worst rms_rel {:.3e}, top-1 {:.4}",
             a.worst_rms, a.top1
         );
         assert!(
             a.worst_rms < 1e-2,
-            "{name}: worst row rms_rel {:.3e}",
+            "{name} {profile}: worst row rms_rel {:.3e}",
             a.worst_rms
         );
-        assert!(a.top1 >= 0.99, "{name}: top-1 agreement {:.4}", a.top1);
+        assert!(
+            a.top1 >= 0.99,
+            "{name} {profile}: top-1 agreement {:.4}",
+            a.top1
+        );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn main_profile_agrees_with_the_cpu_engine() {
+    profile_agrees("main");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fma_gemv_profile_agrees_with_the_cpu_engine() {
+    profile_agrees("fma-gemv");
 }
 
 #[test]
