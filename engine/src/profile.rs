@@ -202,10 +202,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "mma-sync",
         include_str!("../../variants/profiles/mma-sync.toml"),
     ),
-    (
-        "fma-gemv",
-        include_str!("../../variants/profiles/fma-gemv.toml"),
-    ),
+    ("dp4a", include_str!("../../variants/profiles/dp4a.toml")),
     ("mmq", include_str!("../../variants/profiles/mmq.toml")),
 ];
 

@@ -6,6 +6,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod cli;
 mod cmd;
 mod engine_opts;
 mod exit;
@@ -46,7 +47,20 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 4 (bad input), not clap's 2, which scripts would
+    // read as "ambiguous"; --help and --version exit 0.
+    let cli = match Cli::try_parse_from(cli::normalize_args(std::env::args_os())) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Exit::Pass,
+                _ => Exit::Infra,
+            };
+            let _ = e.print();
+            return code.into();
+        }
+    };
     let result = match cli.command {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Info(a) => cmd::info::run(a),

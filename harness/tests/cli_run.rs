@@ -80,10 +80,6 @@ fn seeded_sampling_is_repeatable() {
 #[test]
 fn bad_input_exits_4_with_a_message() {
     for (args, msg) in [
-        (
-            &["run", "-p", "hi", "--backend", "cuda"][..],
-            "CUDA backend is not built yet",
-        ),
         (&["run", "-p", ""][..], "prompt is empty"),
         (
             &["run", "-p", "x", "-m", "/nonexistent/model.gguf"][..],
@@ -191,4 +187,16 @@ fn another_architecture_is_refused_with_exit_4() {
     let o = gemtune(&["run", "-m", path.to_str().unwrap(), "-p", "hi"]);
     assert_eq!(o.status.code(), Some(4));
     assert!(text(&o.stderr).contains("'llama'"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn cuda_backend_runs_on_a_gpu_and_exits_4_without_one() {
+    let o = gemtune(&["run", "-p", "hi", "-n", "2", "--backend", "cuda"]);
+    if gemtune_kernels::gpu::Gpu::new(0).is_ok() {
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        stats(&text(&o.stderr));
+    } else {
+        assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
+        assert!(text(&o.stderr).contains("no CUDA GPU"), "{}", text(&o.stderr));
+    }
 }

@@ -7,9 +7,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use gemtune_engine::cpu::{CpuEngine, CpuOptions, LogitRows};
+use gemtune_engine::cpu::LogitRows;
 
-use super::run::{load_model, resolve_backend, Backend};
+use super::run::load_model;
+use crate::cli::positive_usize;
+use crate::engine_opts::{build_engine, Backend, CudaArgs};
 use crate::exit::Exit;
 
 #[derive(clap::Args)]
@@ -26,12 +28,17 @@ pub struct Args {
     /// Output file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Forward implementation.
+    /// Forward implementation (auto: CUDA when a GPU is present).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
-    /// Most tokens per prefill batch.
-    #[arg(long, default_value_t = 128)]
+    /// Most tokens per CPU batch.
+    #[arg(short = 'b', long, visible_alias = "batch-size", default_value = "128", value_parser = positive_usize)]
     pub batch: usize,
+    /// Most tokens per CUDA prefill chunk.
+    #[arg(long, visible_alias = "ubatch-size", default_value_t = gemtune_engine::cuda::DEFAULT_UBATCH, value_parser = positive_usize)]
+    pub ubatch: usize,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
 }
 
 /// Parse "2,105, 2364" / "2 105 2364" into ids.
@@ -51,7 +58,6 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Exit> {
-    resolve_backend(args.backend)?;
     let ids = parse_tokens(&args.tokens)?;
     let model = load_model(args.model.as_deref())?;
     let vocab = model.vocab_size();
@@ -62,13 +68,11 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
     if ids.len() > ctx {
         bail!("{} tokens exceed the model's context of {ctx}", ids.len());
     }
-    let mut eng = CpuEngine::new(
-        &model,
-        CpuOptions {
-            max_seq: ids.len(),
-            max_batch: args.batch.max(1),
-        },
-    )?;
+    let ubatch = match args.backend {
+        Backend::Cpu => args.batch,
+        _ => args.ubatch,
+    };
+    let mut eng = build_engine(&model, args.backend, &args.cuda, ids.len(), ubatch)?;
     let rows = if args.all {
         LogitRows::All
     } else {

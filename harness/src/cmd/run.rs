@@ -16,38 +16,23 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use gemtune_engine::cpu::{CpuEngine, CpuOptions, LogitRows};
+use gemtune_engine::engine::{generate, EngineError};
 use gemtune_engine::model::Model;
 use gemtune_engine::sampler::{Sampler, SamplerConfig};
 use gemtune_engine::synth;
 use gemtune_engine::tokenizer::chat::{self, Message};
 use gemtune_engine::tokenizer::{DecodeOptions, StreamDecoder};
 
+use crate::cli::{n_predict, non_negative_f32, positive_usize, unit_f32};
+use crate::engine_opts::{build_engine, print_phases, Backend, CudaArgs};
 use crate::exit::Exit;
-
-/// Which forward implementation runs the model.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Cpu,
-    Cuda,
-    /// The CUDA backend where one is built and a GPU is present, else the CPU.
-    Auto,
-}
-
-/// Resolve `--backend` to a runnable backend (only the CPU one exists yet).
-pub fn resolve_backend(b: Backend) -> anyhow::Result<Backend> {
-    match b {
-        Backend::Cpu | Backend::Auto => Ok(Backend::Cpu),
-        Backend::Cuda => bail!("the CUDA backend is not built yet; use --backend cpu"),
-    }
-}
 
 /// Load `-m MODEL`, or the built-in tiny synthetic model when absent.
 pub fn load_model(path: Option<&Path>) -> anyhow::Result<Model> {
     match path {
+        Some(p) if p.is_dir() => bail!("{} is a directory, not a GGUF file", p.display()),
         Some(p) => Model::load(p).with_context(|| format!("loading {}", p.display())),
         None => {
             let f = synth::builtin_tiny().context("building the built-in tiny model")?;
@@ -58,46 +43,56 @@ pub fn load_model(path: Option<&Path>) -> anyhow::Result<Model> {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file (default: the built-in tiny synthetic model).
+    /// GGUF model file (default: the built-in tiny synthetic model, random weights: its text is noise).
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// Prompt text.
     #[arg(short = 'p', long)]
     pub prompt: String,
-    /// Most tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    pub n_predict: usize,
-    /// Sampling temperature (default: greedy).
-    #[arg(long)]
+    /// Most tokens to generate; -1: until the end of the context.
+    #[arg(short = 'n', long = "n-predict", default_value = "128", allow_negative_numbers = true, value_parser = n_predict)]
+    pub n_predict: crate::cli::NPredict,
+    /// Sampling temperature, >= 0 (default: greedy).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative_f32)]
     pub temp: Option<f32>,
     /// Keep the K most likely tokens (0 = off); only with --temp.
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Nucleus sampling mass (1.0 = off); only with --temp.
-    #[arg(long)]
+    /// Nucleus sampling mass in [0, 1] (1.0 = off); only with --temp.
+    #[arg(long, allow_negative_numbers = true, value_parser = unit_f32)]
     pub top_p: Option<f32>,
-    /// Drop tokens below P times the top probability (0 = off); only with --temp.
-    #[arg(long)]
+    /// Drop tokens below P times the top probability, P in [0, 1] (0 = off); only with --temp.
+    #[arg(long, allow_negative_numbers = true, value_parser = unit_f32)]
     pub min_p: Option<f32>,
-    /// Sampling seed.
-    #[arg(long, default_value_t = 0)]
+    /// Sampling seed (any u64).
+    #[arg(short = 's', long, default_value_t = 0)]
     pub seed: u64,
     /// No chat template: `<bos>` + the prompt text.
     #[arg(long)]
     pub raw: bool,
     /// System turn text (chat template only).
-    #[arg(long)]
+    #[arg(long, visible_alias = "system-prompt")]
     pub system: Option<String>,
-    /// Forward implementation.
+    /// Forward implementation (auto: CUDA when a GPU is present).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
-    /// Most tokens per prefill batch.
-    #[arg(long, default_value_t = 128)]
+    /// Most tokens per CPU batch.
+    #[arg(short = 'b', long, visible_alias = "batch-size", default_value = "128", value_parser = positive_usize)]
     pub batch: usize,
+    /// Most tokens per CUDA prefill chunk.
+    #[arg(long, visible_alias = "ubatch-size", default_value_t = gemtune_engine::cuda::DEFAULT_UBATCH, value_parser = positive_usize)]
+    pub ubatch: usize,
+    /// Context size (default: prompt + -n, capped at the model's).
+    #[arg(short = 'c', long, visible_alias = "ctx-size", value_parser = positive_usize)]
+    pub ctx: Option<usize>,
+    /// Print which kernel serves each engine slot and why, and the memory used.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<Exit> {
-    resolve_backend(args.backend)?;
     if args.prompt.trim().is_empty() {
         bail!("the prompt is empty");
     }
@@ -119,20 +114,28 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         // The template supplies `<bos>` (never doubled).
         chat::encode_chat(tok, &msgs, false)
     };
-    if prompt.len() >= ctx {
+    let limit = args.ctx.unwrap_or(ctx).min(ctx);
+    if prompt.len() >= limit {
         bail!(
-            "the prompt has {} tokens but the model's context holds {ctx} (room is needed for at least one generated token)",
+            "the prompt has {} tokens but the context holds {limit} (room is needed for at least one generated token)",
             prompt.len()
         );
     }
-    let max_seq = (prompt.len() + args.n_predict.max(1)).min(ctx);
-    let mut eng = CpuEngine::new(
-        &model,
-        CpuOptions {
-            max_seq,
-            max_batch: args.batch.max(1),
-        },
-    )?;
+    let max_seq = match (args.ctx, args.n_predict.0) {
+        (Some(c), _) => c.min(ctx),
+        (None, Some(n)) => (prompt.len() + n.max(1)).min(ctx),
+        (None, None) => ctx,
+    };
+    let ubatch = match args.backend {
+        Backend::Cpu => args.batch,
+        _ => args.ubatch,
+    };
+    let mut eng = build_engine(&model, args.backend, &args.cuda, max_seq, ubatch)?;
+    if args.verbose {
+        for l in eng.describe() {
+            eprintln!("{l}");
+        }
+    }
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: args.temp.unwrap_or(0.0),
         top_k: args.top_k.unwrap_or(0),
@@ -141,52 +144,43 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         seed: args.seed,
     });
 
-    let t0 = Instant::now();
-    let logits = eng.forward(&prompt, LogitRows::Last)?;
-    let prefill = t0.elapsed();
-    let mut next = sampler.sample(logits.last().context("prefill returned no logits")?);
-
-    let mut out = std::io::stdout().lock();
     let mut text = StreamDecoder::new(tok, DecodeOptions::default());
-    let mut generated: Vec<u32> = Vec::new();
-    let mut decode_n = 0usize;
-    let mut decode_t = Duration::ZERO;
-    loop {
-        if args.n_predict == 0 || tok.is_eog(next) || next == 1 || next == 106 {
-            break;
-        }
-        generated.push(next);
-        out.write_all(text.push(next)?.as_bytes())?;
-        out.flush()?;
-        if generated.len() >= args.n_predict || eng.position() >= eng.max_seq() {
-            break;
-        }
-        let t = Instant::now();
-        let l = eng.forward(&[next], LogitRows::Last)?;
-        decode_t += t.elapsed();
-        decode_n += 1;
-        next = sampler.sample(l.last().context("decode returned no logits")?);
-    }
+    let st = {
+        let mut out = std::io::stdout().lock();
+        let mut emit = |t: u32| -> Result<bool, EngineError> {
+            let piece = text
+                .push(t)
+                .map_err(|e| EngineError::Device(format!("detokenizing: {e}")))?;
+            out.write_all(piece.as_bytes())
+                .and_then(|_| out.flush())
+                .map_err(|e| EngineError::Device(format!("writing stdout: {e}")))?;
+            Ok(true)
+        };
+        let is_stop = |t: u32| tok.is_eog(t);
+        generate(
+            eng.as_mut(),
+            &prompt,
+            &mut sampler,
+            args.n_predict.0,
+            &is_stop,
+            &mut emit,
+        )?
+    };
+    let mut out = std::io::stdout().lock();
     writeln!(out, "{}", text.finish())?;
     out.flush()?;
-    if generated.len() < args.n_predict && eng.position() >= ctx {
-        eprintln!("note: stopped at the end of the context ({ctx} tokens)");
+    if st.hit_context {
+        eprintln!("note: stopped at the end of the context ({max_seq} tokens)");
     }
     eprintln!(
         "prefill: {} tok, {:.2} tok/s | decode: {} tok, {:.2} tok/s",
-        prompt.len(),
-        rate(prompt.len(), prefill),
-        decode_n,
-        rate(decode_n, decode_t)
+        st.prompt_tokens,
+        st.prefill_tps(),
+        st.decode_steps,
+        st.decode_tps()
     );
-    Ok(Exit::Pass)
-}
-
-fn rate(n: usize, t: Duration) -> f64 {
-    let s = t.as_secs_f64();
-    if n == 0 || s <= 0.0 {
-        0.0
-    } else {
-        n as f64 / s
+    if args.cuda.profile_phases {
+        print_phases(eng.as_mut());
     }
+    Ok(Exit::Pass)
 }
