@@ -197,6 +197,10 @@ fn cuda_backend_runs_on_a_gpu_and_exits_4_without_one() {
         stats(&text(&o.stderr));
     } else {
         assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
-        assert!(text(&o.stderr).contains("no CUDA GPU"), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("no CUDA GPU"),
+            "{}",
+            text(&o.stderr)
+        );
     }
 }

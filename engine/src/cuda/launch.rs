@@ -435,11 +435,15 @@ pub(super) fn ffn_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Result<(), 
     let ff = lw.gate_up.n / 2;
     let fmt = e.act_format("gate_up", &lw.gate_up, r)?;
     let x = e.act(fmt);
-    let (_, gb) = e
-        .matmul_kernel("gate_up", &lw.gate_up, r)
-        .map_err(plan_err)?;
+    // The fused gate+up+GELU GEMV takes the two halves as two matrices.
+    let fused = !e.planner.vendor(&super::forward::slot_for("gate_up", r))
+        && e.matmul_kernel("gate_up", &lw.gate_up, r)
+            .map_err(plan_err)?
+            .1
+            .matrices
+            == 2;
     let down_fmt = e.act_format("down", &lw.down, r)?;
-    let h_act = if gb.matrices == 2 {
+    let h_act = if fused {
         // The fused GEMV writes gelu(gate) * up itself, f32.
         let h = &e.b.h;
         e.matmul("gate_up", "gemm_gate_up", &lw.gate_up, &x, h, r)?;
