@@ -21,7 +21,8 @@
 //! ```
 //!
 //! A slot is looked up by its full name (`gemm.down`), then by its group
-//! (`gemm`). Defines bound to the call site (`WTYPE`, `KV_TYPE`, the output
+//! (`gemm`); a `@TYPE` suffix (`gemv@Q4_0`) restricts an entry to matmuls
+//! whose weights have that type, and wins over the plain name. Defines bound to the call site (`WTYPE`, `KV_TYPE`, the output
 //! format `OUT`) are never written in a profile: the engine sets them.
 //! Profiles are data: the engine embeds the committed ones and reads any
 //! other from a path, and validates every choice against its family (and
@@ -210,11 +211,21 @@ fn slot_group(slot: &str) -> &str {
     slot.split('.').next().unwrap_or(slot)
 }
 
-/// Whether `name` is a slot or a slot group.
+/// Whether `name` is a slot or a slot group, optionally restricted to a
+/// weight type (`gemv@Q4_0`).
 fn known_slot(name: &str) -> bool {
+    let (base, wt) = match name.split_once('@') {
+        Some((b, w)) => (b, Some(w)),
+        None => (name, None),
+    };
+    if wt.is_some_and(|w| {
+        gemtune_kernels::quant::GgmlType::from_name(&w.to_ascii_lowercase()).is_none()
+    }) {
+        return false;
+    }
     SLOTS
         .iter()
-        .any(|(s, _)| *s == name || slot_group(s) == name)
+        .any(|(s, _)| *s == base || slot_group(s) == base)
 }
 
 impl Profile {
@@ -315,8 +326,18 @@ impl Profile {
 
     /// The choice serving `slot`: its own entry, else its group's.
     pub fn choice(&self, slot: &str) -> Result<&SlotChoice, ProfileError> {
-        self.slots
-            .get(slot)
+        self.choice_for(slot, None)
+    }
+
+    /// The choice serving `slot` for weights of type `wtype` (matmul
+    /// slots): `slot@TYPE`, `slot`, `group@TYPE`, then `group`.
+    pub fn choice_for(&self, slot: &str, wtype: Option<&str>) -> Result<&SlotChoice, ProfileError> {
+        let typed = |k: &str| {
+            wtype.and_then(|w| self.slots.get(&format!("{k}@{}", w.to_ascii_uppercase())))
+        };
+        typed(slot)
+            .or_else(|| self.slots.get(slot))
+            .or_else(|| typed(slot_group(slot)))
             .or_else(|| self.slots.get(slot_group(slot)))
             .ok_or_else(|| ProfileError::Unserved {
                 profile: self.name.clone(),
@@ -369,6 +390,19 @@ mod tests {
             Profile::load("nope"),
             Err(ProfileError::Unknown { .. })
         ));
+    }
+
+    #[test]
+    fn a_typed_entry_wins_for_its_weight_type_only() {
+        let p = Profile::load("main").expect("main");
+        let q4 = p.choice_for("gemv.down", Some("Q4_0")).expect("q4");
+        let q8 = p.choice_for("gemv.down", Some("Q8_0")).expect("q8");
+        assert_ne!(q4.defines.get("ALGO"), q8.defines.get("ALGO"));
+        assert!(Profile::parse(
+            "t",
+            "name = \"x\"\nbase = \"main\"\n[slot.\"gemv@Q9_9\"]\nfamily = \"gemv\"\n"
+        )
+        .is_err());
     }
 
     #[test]

@@ -125,7 +125,14 @@ impl Planner {
             slot: slot.to_string(),
             msg,
         };
-        let choice = self.profile.choice(slot).map_err(|e| err(e.to_string()))?;
+        let wt = match p {
+            Problem::Matmul(mp) => Some(mp.wtype.name().to_ascii_uppercase()),
+            _ => None,
+        };
+        let choice = self
+            .profile
+            .choice_for(slot, wt.as_deref())
+            .map_err(|e| err(e.to_string()))?;
         let with_bound = |f: &dyn Family, d: &std::collections::BTreeMap<String, DefineValue>| {
             let wt = match p {
                 Problem::Matmul(mp) => mp.wtype,
