@@ -40,6 +40,10 @@ enum Command {
     Check(cmd::check::Args),
     /// Check, then time kernel variants over shapes in the L2 and DRAM regimes.
     Tune(cmd::tune::Args),
+    /// Interleaved end-to-end A/B of two engine arms: numerics gate, then a verdict per phase.
+    Ab(cmd::ab::Args),
+    /// Compare two result files (tune, check, bench, ab, compile) and flag regressions.
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,8 @@ fn main() -> ExitCode {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Tune(a) => cmd::tune::run(a),
+        Command::Ab(a) => cmd::ab::run(a),
+        Command::Report(a) => cmd::report::run(a),
     };
     match result {
         Ok(code) => code.into(),

@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
+pub mod ab;
 pub mod check;
 pub mod info;
 pub mod logits;
+pub mod report;
 pub mod run;
 pub mod synth;
 pub mod tokenize;
