@@ -293,6 +293,34 @@ pub fn bootstrap_mean_ci(xs: &[f64], level: f64, resamples: usize, seed: u64) ->
     )
 }
 
+/// Student's t interval of the mean at `level` (NaNs below two values).
+pub fn t_mean_ci(xs: &[f64], level: f64) -> (f64, f64) {
+    let v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.len() < 2 {
+        return (f64::NAN, f64::NAN);
+    }
+    let n = v.len() as f64;
+    let m = mean(&v);
+    let half = t_quantile(1.0 - (1.0 - level) / 2.0, n - 1.0) * sd(&v) / n.sqrt();
+    (m - half, m + half)
+}
+
+/// The interval of a mean that the A/B verdict uses: the expanded
+/// percentile bootstrap (`bootstrap_mean_ci`), widened where it is
+/// narrower to Student's t interval. For the handful of values an A/B run
+/// has (one per ABBA block) the bootstrap alone covers less than its level
+/// (about 93 % at six values, 88 % at four, for normal data); the union
+/// keeps the bootstrap's shape for skewed data and t's coverage for
+/// normal data.
+pub fn mean_ci(xs: &[f64], level: f64, resamples: usize, seed: u64) -> (f64, f64) {
+    let (blo, bhi) = bootstrap_mean_ci(xs, level, resamples, seed);
+    let (tlo, thi) = t_mean_ci(xs, level);
+    if tlo.is_nan() {
+        return (blo, bhi);
+    }
+    (blo.min(tlo), bhi.max(thi))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,6 +383,19 @@ mod tests {
         }
         let rate = covered as f64 / trials as f64;
         assert!((0.90..=0.99).contains(&rate), "coverage {rate}");
+        // The union with Student's t covers at the level at six values.
+        let mut covered = 0;
+        for i in 0..trials {
+            let xs: Vec<f64> = (0..6).map(|_| normal()).collect();
+            let (lo, hi) = mean_ci(&xs, 0.95, 2000, i);
+            let (tlo, thi) = t_mean_ci(&xs, 0.95);
+            assert!(lo <= tlo && hi >= thi);
+            if lo <= 0.0 && 0.0 <= hi {
+                covered += 1;
+            }
+        }
+        let rate = covered as f64 / trials as f64;
+        assert!((0.93..=0.99).contains(&rate), "coverage {rate}");
         assert_eq!(bootstrap_mean_ci(&[2.0], 0.95, 10, 1), (2.0, 2.0));
         assert!(bootstrap_mean_ci(&[], 0.95, 10, 1).0.is_nan());
         let (lo, hi) = bootstrap_mean_ci(&[1.0, 1.0, 1.0], 0.95, 100, 1);
