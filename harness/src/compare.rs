@@ -410,10 +410,11 @@ impl Side {
         let mut entries = BTreeMap::new();
         let mut dups = Vec::new();
         for (k, e) in list {
-            if entries.contains_key(&k) {
-                dups.push(k);
-            } else {
-                entries.insert(k, e);
+            match entries.entry(k) {
+                std::collections::btree_map::Entry::Occupied(o) => dups.push(o.key().clone()),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(e);
+                }
             }
         }
         if let Some(first) = dups.first() {

@@ -473,7 +473,7 @@ pub fn attribute(blocks: &[Block], cfg: &VerdictConfig) -> Vec<PhaseDelta> {
 /// The phases that account for the change: significant, and at least 10 %
 /// of the total's delta (or, when the total did not move, at least a
 /// quarter of the minimum effect of the total time).
-pub fn movers<'a>(rows: &'a [PhaseDelta], min_effect: f64) -> Vec<&'a PhaseDelta> {
+pub fn movers(rows: &[PhaseDelta], min_effect: f64) -> Vec<&PhaseDelta> {
     let Some(total) = rows.iter().find(|r| r.phase == TOTAL) else {
         return Vec::new();
     };

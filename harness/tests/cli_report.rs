@@ -211,14 +211,26 @@ fn compile_report_flags_spills_and_growth_and_names_the_variant() {
     assert_eq!(o.code, Some(1), "{}", o.log());
     let rows = o.rows();
     let has = |k: &str, s: &str, m: &str| rows.iter().any(|r| r.0 == k && r.1 == s && r.2 == m);
-    assert!(has("mmq | a | sm_90", "regression", "spill_bytes"), "{rows:?}");
-    assert!(has("mmq | b | sm_90", "regression", "registers"), "{rows:?}");
+    assert!(
+        has("mmq | a | sm_90", "regression", "spill_bytes"),
+        "{rows:?}"
+    );
+    assert!(
+        has("mmq | b | sm_90", "regression", "registers"),
+        "{rows:?}"
+    );
     assert!(has("mmq | c | sm_90", "same", "registers"), "{rows:?}");
-    assert!(has("mmq | d | sm_90", "regression", "smem_bytes"), "{rows:?}");
+    assert!(
+        has("mmq | d | sm_90", "regression", "smem_bytes"),
+        "{rows:?}"
+    );
     assert!(has("mmq | e | sm_80", "regression", "verdict"), "{rows:?}");
     let s = o.summary();
     assert!(s.contains("new spill: 24 bytes"), "{s}");
-    assert!(s.contains("mmq \\| b \\| sm_90 | registers | 64 | 72 | +12.5%"), "{s}");
+    assert!(
+        s.contains("mmq \\| b \\| sm_90 | registers | 64 | 72 | +12.5%"),
+        "{s}"
+    );
     assert!(s.contains("scripts/compile-report.sh --update"), "{s}");
     assert!(o.stdout.contains("refresh the baseline"), "{}", o.log());
 }
@@ -268,7 +280,9 @@ fn check_verdicts_regress_from_pass_to_fail() {
         "improvement".into(),
         "verdict".into()
     )));
-    assert!(o.summary().contains("pass -> fail: rms_rel 3e-2 above 1e-3"));
+    assert!(o
+        .summary()
+        .contains("pass -> fail: rms_rel 3e-2 above 1e-3"));
 }
 
 fn bench_row(test: &str, profile: &str, samples: &[f64]) -> BenchRow {
@@ -300,8 +314,16 @@ fn bench_row(test: &str, profile: &str, samples: &[f64]) -> BenchRow {
 #[test]
 fn bench_rows_join_on_test_model_profile_backend() {
     let d = tempfile::tempdir().unwrap();
-    let tight = |c: f64| -> Vec<f64> { (0..10).map(|i| c * (1.0 + 0.001 * (i % 3) as f64)).collect() };
-    let noisy = |c: f64| -> Vec<f64> { (0..10).map(|i| c * (1.0 + 0.08 * ((i % 5) as f64 - 2.0))).collect() };
+    let tight = |c: f64| -> Vec<f64> {
+        (0..10)
+            .map(|i| c * (1.0 + 0.001 * (i % 3) as f64))
+            .collect()
+    };
+    let noisy = |c: f64| -> Vec<f64> {
+        (0..10)
+            .map(|i| c * (1.0 + 0.08 * ((i % 5) as f64 - 2.0)))
+            .collect()
+    };
     let base = vec![
         bench_row("pp512", "main", &tight(10000.0)),
         bench_row("tg128", "main", &tight(200.0)),
@@ -324,7 +346,11 @@ fn bench_rows_join_on_test_model_profile_backend() {
         "regression".into(),
         "tps".into()
     )));
-    assert!(rows.contains(&("tg128 | e4b | main | cuda".into(), "same".into(), "tps".into())));
+    assert!(rows.contains(&(
+        "tg128 | e4b | main | cuda".into(),
+        "same".into(),
+        "tps".into()
+    )));
     assert!(rows.contains(&(
         "pp512 | e4b | flash-swa | cuda".into(),
         "same".into(),
@@ -407,7 +433,10 @@ fn bad_input_is_exit_4() {
     let dup = write(
         d.path(),
         "d.csv",
-        &[compile_row("a", "sm_90", 1, 0, 0), compile_row("a", "sm_90", 2, 0, 0)],
+        &[
+            compile_row("a", "sm_90", 1, 0, 0),
+            compile_row("a", "sm_90", 2, 0, 0),
+        ],
     );
     let o = report(&dup, &comp, &[]);
     assert_eq!(o.code, Some(4), "{}", o.log());
@@ -422,11 +451,21 @@ fn kinds_are_told_apart_by_their_header() {
     let cases: Vec<(PathBuf, Kind)> = vec![
         (write(d.path(), "t.csv", &tune_rows()), Kind::Tune),
         (
-            write(d.path(), "k.csv", &[check_row("x", "Q8_0: 3 shapes", "compiled", Some(1))]),
+            write(
+                d.path(),
+                "k.csv",
+                &[check_row("x", "Q8_0: 3 shapes", "compiled", Some(1))],
+            ),
             Kind::Check,
         ),
-        (write(d.path(), "b.csv", &[bench_row("pp512", "main", &[1.0])]), Kind::Bench),
-        (write(d.path(), "a.csv", &ab_rows("baseline", "main", &[1.0, 2.0])), Kind::Ab),
+        (
+            write(d.path(), "b.csv", &[bench_row("pp512", "main", &[1.0])]),
+            Kind::Bench,
+        ),
+        (
+            write(d.path(), "a.csv", &ab_rows("baseline", "main", &[1.0, 2.0])),
+            Kind::Ab,
+        ),
         (
             write(d.path(), "c.csv", &[compile_row("a", "sm_90", 1, 0, 0)]),
             Kind::Compile,
@@ -488,7 +527,13 @@ fn compile_rows_take_the_worst_over_shapes_and_merge_per_family_and_arch() {
         .collect();
     assert_eq!(
         keys,
-        ["gemv/g/sm_90", "mmq/a/sm_80", "mmq/u/sm_90", "mmq/v/sm_90", "mmq/w/sm_90"]
+        [
+            "gemv/g/sm_90",
+            "mmq/a/sm_80",
+            "mmq/u/sm_90",
+            "mmq/v/sm_90",
+            "mmq/w/sm_90"
+        ]
     );
 }
 

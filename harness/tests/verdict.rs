@@ -109,7 +109,11 @@ fn clear_win_is_fast() {
     );
     assert_eq!(j.verdict, Verdict::Fast, "{}", j.reason);
     assert!((j.ratio - 1.05).abs() < 0.005, "{}", j.ratio);
-    assert!(j.ci.0 > 1.0 && j.ci.0 <= 1.05 && 1.05 <= j.ci.1, "{:?}", j.ci);
+    assert!(
+        j.ci.0 > 1.0 && j.ci.0 <= 1.05 && 1.05 <= j.ci.1,
+        "{:?}",
+        j.ci
+    );
     assert_eq!((j.blocks_used, j.blocks_dropped), (6, 0));
 }
 
@@ -187,7 +191,10 @@ fn pure_noise_is_same_when_small_and_ambiguous_when_not() {
     let get = |v| counts.get(&v).copied().unwrap_or(0) as f64 / runs as f64;
     assert_eq!(get(Verdict::Same), 0.0);
     assert!(get(Verdict::Ambiguous) >= 0.9, "{counts:?}");
-    assert!(get(Verdict::Fast) + get(Verdict::Slow) <= 0.08, "{counts:?}");
+    assert!(
+        get(Verdict::Fast) + get(Verdict::Slow) <= 0.08,
+        "{counts:?}"
+    );
     // At 99 % confidence, false FAST/SLOW are rarer still.
     let strict = (0..runs)
         .filter(|&seed| {
@@ -308,13 +315,23 @@ fn throttled_blocks_are_dropped_and_the_rest_judged() {
 #[test]
 fn throttle_flags_follow_reasons_and_clocks() {
     let f = throttle_flags(
-        &["", "sw_power_cap", "sw_power_cap,hw_slowdown", "", "sw_thermal+gpu_idle"],
+        &[
+            "",
+            "sw_power_cap",
+            "sw_power_cap,hw_slowdown",
+            "",
+            "sw_thermal+gpu_idle",
+        ],
         &[Some(1980.0), Some(1950.0), Some(1970.0), Some(1700.0), None],
     );
     assert_eq!(f[0], "");
     assert_eq!(f[1], "", "a power cap alone does not drop a rep");
     assert_eq!(f[2], "hw_slowdown");
-    assert!(f[3].contains("1700 MHz") && f[3].contains("14.1% below"), "{}", f[3]);
+    assert!(
+        f[3].contains("1700 MHz") && f[3].contains("14.1% below"),
+        "{}",
+        f[3]
+    );
     assert_eq!(f[4], "sw_thermal");
     assert_eq!(throttle_flags(&["", ""], &[]), vec!["", ""]);
 }

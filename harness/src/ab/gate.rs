@@ -2,9 +2,9 @@
 //! row by row before any timing.
 //!
 //! The prompt set is fixed by (lengths, seed, vocabulary size): prompt `i`
-//! is BOS (id 2) followed by ids drawn from `ChaCha8Rng::seed_from_u64(seed
-//! + i)` among ordinary tokens (`token_range`). The default lengths (9, 130
-//! and 1100 tokens) cover a short prompt, a few tiles, and a prompt longer
+//! is BOS (id 2) followed by ids drawn from `ChaCha8Rng::seed_from_u64` of
+//! `seed + i` among ordinary tokens (`token_range`). The default lengths (9,
+//! 130 and 1100 tokens) cover a short prompt, a few tiles, and a prompt longer
 //! than every Gemma 4 sliding window (512 and 1024), so windowed attention
 //! is exercised past its window. The vocabulary size comes from a one-token
 //! probe of the baseline.
