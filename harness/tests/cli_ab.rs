@@ -328,7 +328,7 @@ fn a_throttled_block_is_dropped_and_said_so() {
     let r = lab.ab(
         "thr1",
         &["--baseline", "main", "--candidate", "main"],
-        &[("FAKE_NOISE", "0.003"), ("FAKE_THROTTLE", "hw_slowdown@4")],
+        &[("FAKE_NOISE", "0.001"), ("FAKE_THROTTLE", "hw_slowdown@4")],
     );
     assert_eq!(r.code, Some(0), "{}", r.log());
     let t = r.test("prefill");

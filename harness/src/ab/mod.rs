@@ -153,3 +153,36 @@ fn is_executable(p: &Path) -> bool {
 fn is_executable(p: &Path) -> bool {
     p.is_file()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arms_parse_by_form() {
+        let d = std::env::temp_dir().join(format!("gemtune-arms-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("profiles")).unwrap();
+        std::fs::write(d.join("profiles/main.toml"), "").unwrap();
+        assert!(matches!(parse_arm("main", &d), Ok(ArmSpec::Profile { .. })));
+        assert_eq!(
+            parse_arm("git:main", &d).unwrap(),
+            ArmSpec::Git("main".into())
+        );
+        let prof = d.join("profiles/main.toml");
+        assert_eq!(
+            parse_arm(prof.to_str().unwrap(), &d).unwrap(),
+            ArmSpec::ProfileFile(prof.clone())
+        );
+        let e = parse_arm("flash-swa", &d).unwrap_err().to_string();
+        assert!(e.contains("available: main"), "{e}");
+        assert!(parse_arm("git:", &d).is_err());
+        assert!(parse_arm("", &d).is_err());
+        assert!(parse_arm("./missing-binary", &d).is_err());
+        // A file that is not executable is not a binary arm.
+        let f = d.join("not-exec");
+        std::fs::write(&f, "").unwrap();
+        let e = parse_arm(f.to_str().unwrap(), &d).unwrap_err().to_string();
+        assert!(e.contains("not executable"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -540,3 +540,53 @@ pub fn slots_of_phase<'a>(phase: &str, test: &str, slots: &'a [String]) -> Vec<&
 pub fn default_out(scratch: &Path) -> PathBuf {
     scratch.join(format!("ab-{}", crate::util::timestamp()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_map_to_slots_by_name() {
+        let slots: Vec<String> = [
+            "attn_prefill_swa",
+            "attn_decode",
+            "prefill_gemm",
+            "decode_gemv",
+            "norm",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let names = |phase: &str, test: &str| -> Vec<String> {
+            slots_of_phase(phase, test, &slots)
+                .into_iter()
+                .cloned()
+                .collect()
+        };
+        assert_eq!(names("attn_swa", "prefill"), ["attn_prefill_swa"]);
+        // The decode attention slot serves both kinds of layer.
+        assert_eq!(names("attn_swa", "decode"), ["attn_decode"]);
+        assert_eq!(names("gemm_ffn_up", "prefill"), ["prefill_gemm"]);
+        assert_eq!(names("attn", "decode"), ["attn_decode"]);
+        assert!(names("head", "prefill").is_empty());
+        assert_eq!(names("norm_rope", "decode"), ["norm"]);
+    }
+
+    #[test]
+    fn changed_slots_lists_differences_both_ways() {
+        let mut a = Ready::default();
+        let mut b = Ready::default();
+        a.slots.insert("x".into(), "f/v1".into());
+        b.slots.insert("x".into(), "f/v2".into());
+        a.slots.insert("same".into(), "f/v".into());
+        b.slots.insert("same".into(), "f/v".into());
+        b.slots.insert("new".into(), "g/w".into());
+        assert_eq!(
+            changed_slots(&a, &b),
+            vec![
+                ("new".to_string(), "-".to_string(), "g/w".to_string()),
+                ("x".to_string(), "f/v1".to_string(), "f/v2".to_string()),
+            ]
+        );
+    }
+}

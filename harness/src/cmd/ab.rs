@@ -71,7 +71,7 @@ pub struct Args {
     #[arg(long, default_value_t = GateConfig::default().min_top1, value_parser = level)]
     pub gate_top1: f64,
     /// Gate: largest |delta logit| allowed.
-    #[arg(long, default_value_t = GateConfig::default().max_delta)]
+    #[arg(long, default_value_t = GateConfig::default().max_delta, value_parser = positive)]
     pub gate_max_delta: f64,
     /// The binary that serves profile arms (default: this gemtune).
     #[arg(long)]
@@ -111,6 +111,15 @@ fn effect(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{v} is not in (0, 0.5) (0.01 means 1%)"))
+    }
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a non-negative number"))
     }
 }
 
