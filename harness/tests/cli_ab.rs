@@ -199,6 +199,53 @@ fn aa_run_is_same_and_writes_every_file() {
 }
 
 #[test]
+fn relative_paths_work_from_a_subdirectory() {
+    require_python();
+    let lab = Lab::new();
+    let sub = lab.path().join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let o = Command::new(common::gemtune_bin())
+        .current_dir(&sub)
+        .args([
+            "ab",
+            "--worker",
+            "../fake_worker.py",
+            "--variants-dir",
+            "../variants",
+        ])
+        .args([
+            "--baseline",
+            "main",
+            "--candidate",
+            "../variants/profiles/fast.toml",
+        ])
+        .args([
+            "-p",
+            "32",
+            "-n",
+            "4",
+            "--reps",
+            "6",
+            "--quiet",
+            "--gate-lengths",
+            "3,9",
+        ])
+        .args(["--out", "rel-out"])
+        .env("FAKE_COUNTER", lab.path().join("rel.counter"))
+        .env("FAKE_NOISE", "0.001")
+        .output()
+        .expect("run gemtune");
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(sub.join("rel-out/verdict.json").is_file(), "{log}");
+    assert!(!sub.join("rel-out/gate-tmp").exists(), "gate files removed");
+}
+
+#[test]
 fn clear_win_is_fast_and_attributed_to_its_phase() {
     require_python();
     let lab = Lab::new();

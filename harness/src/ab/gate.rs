@@ -146,31 +146,24 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> AbError {
 fn logits(w: &mut Worker, tokens: &[u32], path: &Path) -> Result<LogitsReply, AbError> {
     let rep: LogitsReply = w.request(&logits_request(tokens, path))?;
     let want = (rep.rows * rep.vocab * 4) as u64;
-    let got = std::fs::metadata(path)
-        .map(|m| m.len())
-        .map_err(|e| AbError::Worker {
-            arm: w.arm.clone(),
-            bin: String::new(),
-            msg: format!(
+    let got = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) => {
+            return Err(w.error(format!(
                 "said it wrote {} but it cannot be read: {e}",
                 path.display()
-            ),
-            stderr_tail: w.stderr_tail(),
-        })?;
+            )))
+        }
+    };
     if got != want || rep.rows != tokens.len() || rep.vocab == 0 {
-        return Err(AbError::Worker {
-            arm: w.arm.clone(),
-            bin: String::new(),
-            msg: format!(
-                "logits of {} tokens: reply rows {} x vocab {} but {} holds {got} bytes (want {} rows x vocab x 4 = {want})",
-                tokens.len(),
-                rep.rows,
-                rep.vocab,
-                path.display(),
-                tokens.len()
-            ),
-            stderr_tail: w.stderr_tail(),
-        });
+        return Err(w.error(format!(
+            "logits of {} tokens: reply rows {} x vocab {} but {} holds {got} bytes (want {} rows x vocab x 4 = {want})",
+            tokens.len(),
+            rep.rows,
+            rep.vocab,
+            path.display(),
+            tokens.len()
+        )));
     }
     Ok(rep)
 }

@@ -292,15 +292,10 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
         if !(reply.pp_tps.is_finite() && reply.pp_tps > 0.0)
             || (cfg.n_gen > 0 && !(reply.tg_tps.is_finite() && reply.tg_tps > 0.0))
         {
-            return Err(AbError::Worker {
-                arm: arms[arm].role.clone(),
-                bin: arms[arm].bin.display().to_string(),
-                msg: format!(
-                    "bench reply without a positive speed: pp_tps {}, tg_tps {}",
-                    reply.pp_tps, reply.tg_tps
-                ),
-                stderr_tail: workers[arm].stderr_tail(),
-            });
+            return Err(workers[arm].error(format!(
+                "bench reply without a positive speed: pp_tps {}, tg_tps {}",
+                reply.pp_tps, reply.tg_tps
+            )));
         }
         progress(&format!(
             "{:>3}/{} {} {:<9} pp {:.1} t/s{}{}",

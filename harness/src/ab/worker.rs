@@ -203,15 +203,22 @@ impl Worker {
     }
 
     /// The error for `msg`, with the stderr tail (after the stderr thread
-    /// has drained when the worker is gone).
+    /// has drained, for at most a second, when the worker is gone).
+    pub fn error(&mut self, msg: String) -> AbError {
+        self.fail(msg)
+    }
+
     fn fail(&mut self, msg: String) -> AbError {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            if let Some(h) = self.stderr_thread.take() {
-                let _ = h.join();
-            }
-        } else {
-            // Give the stderr thread a moment to catch the last lines.
-            std::thread::sleep(Duration::from_millis(50));
+        let gone = matches!(self.child.try_wait(), Ok(Some(_)));
+        let deadline =
+            std::time::Instant::now() + Duration::from_millis(if gone { 1000 } else { 50 });
+        while std::time::Instant::now() < deadline
+            && self
+                .stderr_thread
+                .as_ref()
+                .is_some_and(|h| !h.is_finished())
+        {
+            std::thread::sleep(Duration::from_millis(10));
         }
         AbError::Worker {
             arm: self.arm.clone(),

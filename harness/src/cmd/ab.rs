@@ -134,6 +134,7 @@ fn level(s: &str) -> Result<f64, String> {
 
 pub fn run(a: Args) -> anyhow::Result<Exit> {
     let variants = gemtune::spec::variants_dir(a.variants_dir.as_deref());
+    let variants = std::path::absolute(&variants).unwrap_or(variants);
     let root = variants
         .parent()
         .map(|p| p.to_path_buf())
@@ -144,14 +145,18 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         None => std::env::current_exe()
             .map_err(|e| anyhow::anyhow!("cannot find this executable: {e}"))?,
     };
-    let out = a
+    // The workers run in the checkout root: every path they get is absolute.
+    let abs = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    let worker_bin = abs(worker_bin);
+    let model = a.model.clone().map(abs);
+    let out = abs(a
         .out
         .clone()
-        .unwrap_or_else(|| session::default_out(&scratch));
+        .unwrap_or_else(|| session::default_out(&scratch)));
     let cfg = AbConfig {
         baseline: a.baseline.clone(),
         candidate: a.candidate.clone(),
-        model: a.model.clone(),
+        model,
         n_prompt: a.n_prompt as usize,
         n_gen: a.n_gen,
         depth: a.depth,
