@@ -15,6 +15,7 @@ struct Out {
     stdout: String,
     stderr: String,
     dir: PathBuf,
+    _tmp: tempfile::TempDir,
 }
 
 impl Out {
@@ -39,7 +40,8 @@ impl Out {
 }
 
 fn report(base: &Path, cur: &Path, extra: &[&str]) -> Out {
-    let dir = tempfile::tempdir().unwrap().keep().join("r");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
     let o = Command::new(common::gemtune_bin())
         .args(["report", "--baseline"])
         .arg(base)
@@ -55,6 +57,7 @@ fn report(base: &Path, cur: &Path, extra: &[&str]) -> Out {
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         dir,
+        _tmp: tmp,
     }
 }
 
