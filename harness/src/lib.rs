@@ -3,14 +3,18 @@
 //! subcommands (`src/cmd`) are thin drivers over these modules, and the
 //! integration tests under `tests/` call them directly.
 
+pub mod ab;
 pub mod checker;
+pub mod compare;
 pub mod hash;
 pub mod plots;
 pub mod references;
 pub mod report;
 pub mod results;
 pub mod roofline;
+pub mod scratch;
 pub mod spec;
 pub mod stats;
 pub mod tuned;
 pub mod util;
+pub mod verdict;

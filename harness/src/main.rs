@@ -44,6 +44,10 @@ enum Command {
     Tune(cmd::tune::Args),
     /// Prompt-processing and generation speed, llama-bench style (pp/tg t/s).
     Bench(cmd::bench::Args),
+    /// Interleaved end-to-end A/B of two engine arms: numerics gate, then a verdict per phase.
+    Ab(cmd::ab::Args),
+    /// Compare two result files (tune, check, bench, ab, compile) and flag regressions.
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +75,8 @@ fn main() -> ExitCode {
         Command::Check(a) => cmd::check::run(a),
         Command::Tune(a) => cmd::tune::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Ab(a) => cmd::ab::run(a),
+        Command::Report(a) => cmd::report::run(a),
     };
     match result {
         Ok(code) => code.into(),

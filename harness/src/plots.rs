@@ -105,6 +105,15 @@ fn draw_err<E: std::fmt::Debug>(r: std::result::Result<(), E>) -> Result<()> {
 /// Line charts, one panel per entry laid out on a grid; x is log2-scaled
 /// (token counts), y log or linear; each point has a p10-p90 style bar.
 pub fn line_panels(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
+    draw_line_panels(path, title, panels, true)
+}
+
+/// `line_panels` with a linear x axis (rep numbers, sequence positions).
+pub fn line_panels_linear(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
+    draw_line_panels(path, title, panels, false)
+}
+
+fn draw_line_panels(path: &Path, title: &str, panels: &[Panel], log_x: bool) -> Result<()> {
     init_font()?;
     if panels.is_empty() {
         return Err(anyhow!("{}: nothing to plot", path.display()));
@@ -131,7 +140,12 @@ pub fn line_panels(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
             y0 = y0.min(hl);
             y1 = y1.max(hl);
         }
-        let (x0, x1) = pad_range(x0, x1, true);
+        let (x0, x1) = if log_x {
+            pad_range(x0, x1, true)
+        } else {
+            let span = (x1 - x0).max(1.0);
+            (x0 - 0.03 * span, x1 + 0.03 * span)
+        };
         let (y0, y1) = pad_range(y0, y1, p.log_y);
         let mut cb = ChartBuilder::on(area);
         cb.caption(&p.title, (FAMILY, 18))
@@ -230,16 +244,31 @@ pub fn line_panels(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
                 )?;
             }};
         }
-        if p.log_y {
-            let chart = cb
-                .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
-                .map_err(|e| anyhow!("plot: {e:?}"))?;
-            body!(chart);
-        } else {
-            let chart = cb
-                .build_cartesian_2d((x0..x1).log_scale(), y0..y1)
-                .map_err(|e| anyhow!("plot: {e:?}"))?;
-            body!(chart);
+        match (log_x, p.log_y) {
+            (true, true) => {
+                let chart = cb
+                    .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+                    .map_err(|e| anyhow!("plot: {e:?}"))?;
+                body!(chart);
+            }
+            (true, false) => {
+                let chart = cb
+                    .build_cartesian_2d((x0..x1).log_scale(), y0..y1)
+                    .map_err(|e| anyhow!("plot: {e:?}"))?;
+                body!(chart);
+            }
+            (false, true) => {
+                let chart = cb
+                    .build_cartesian_2d(x0..x1, (y0..y1).log_scale())
+                    .map_err(|e| anyhow!("plot: {e:?}"))?;
+                body!(chart);
+            }
+            (false, false) => {
+                let chart = cb
+                    .build_cartesian_2d(x0..x1, y0..y1)
+                    .map_err(|e| anyhow!("plot: {e:?}"))?;
+                body!(chart);
+            }
         }
     }
     draw_err(root.present())?;
@@ -343,4 +372,150 @@ fn seg_label(v: &SegmentValue<usize>, names: &[String]) -> String {
         SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
         _ => String::new(),
     }
+}
+
+/// How a bar is coloured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarClass {
+    /// A regression or a slow-down (red).
+    Bad,
+    /// An improvement or a speed-up (green).
+    Good,
+    /// Neither (blue).
+    Neutral,
+}
+
+/// One horizontal bar: a value, its interval (a whisker) and a band around
+/// zero it is judged against (a grey strip behind the bar).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bar {
+    pub label: String,
+    pub value: f64,
+    pub ci: Option<(f64, f64)>,
+    pub band: Option<f64>,
+    pub class: BarClass,
+}
+
+/// A horizontal bar chart, one row per bar (top to bottom in order), with
+/// vertical reference lines at `vlines` (0 is always drawn).
+pub fn bars(path: &Path, title: &str, x_label: &str, items: &[Bar], vlines: &[f64]) -> Result<()> {
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    init_font()?;
+    if items.is_empty() {
+        return Err(anyhow!("{}: nothing to plot", path.display()));
+    }
+    let n = items.len();
+    let (mut x0, mut x1) = (0.0f64, 0.0f64);
+    for b in items {
+        let mut vals = vec![b.value];
+        if let Some((lo, hi)) = b.ci {
+            vals.extend([lo, hi]);
+        }
+        if let Some(w) = b.band {
+            vals.extend([-w, w]);
+        }
+        for v in vals.into_iter().filter(|v| v.is_finite()) {
+            x0 = x0.min(v);
+            x1 = x1.max(v);
+        }
+    }
+    for v in vlines {
+        x0 = x0.min(*v);
+        x1 = x1.max(*v);
+    }
+    let span = (x1 - x0).max(1e-9);
+    let (x0, x1) = (x0 - 0.08 * span, x1 + 0.08 * span);
+    let label_w = 430u32;
+    let h = (120 + 30 * n as u32).max(260);
+    let root = BitMapBackend::new(path, (1300, h)).into_drawing_area();
+    draw_err(root.fill(&WHITE))?;
+    let (left, right) = root.split_horizontally(label_w);
+    let mut chart = ChartBuilder::on(&right)
+        .caption(title, (FAMILY, 18))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(0)
+        .build_cartesian_2d(x0..x1, 0.0..n as f64)
+        .map_err(|e| anyhow!("plot: {e:?}"))?;
+    draw_err(
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .disable_y_axis()
+            .x_desc(x_label)
+            .label_style((FAMILY, 13))
+            .draw(),
+    )?;
+    // Row i (from the top) spans [n-1-i, n-i].
+    let row = |i: usize| (n - 1 - i) as f64;
+    let style = (FAMILY, 13)
+        .into_font()
+        .color(&BLACK)
+        .pos(Pos::new(HPos::Right, VPos::Center));
+    for (i, b) in items.iter().enumerate() {
+        let y = row(i);
+        if let Some(w) = b.band.filter(|w| w.is_finite() && *w > 0.0) {
+            draw_err(
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(-w, y + 0.05), (w, y + 0.95)],
+                        RGBColor(225, 225, 225).filled(),
+                    )))
+                    .map(|_| ()),
+            )?;
+        }
+        let c = match b.class {
+            BarClass::Bad => RGBColor(214, 39, 40),
+            BarClass::Good => RGBColor(44, 160, 44),
+            BarClass::Neutral => RGBColor(31, 119, 180),
+        };
+        if b.value.is_finite() {
+            draw_err(
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(0.0, y + 0.2), (b.value, y + 0.8)],
+                        c.mix(0.85).filled(),
+                    )))
+                    .map(|_| ()),
+            )?;
+        }
+        if let Some((lo, hi)) = b.ci.filter(|(l, h)| l.is_finite() && h.is_finite()) {
+            draw_err(
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(lo, y + 0.5), (hi, y + 0.5)],
+                        BLACK.stroke_width(2),
+                    )))
+                    .map(|_| ()),
+            )?;
+            for x in [lo, hi] {
+                draw_err(
+                    chart
+                        .draw_series(std::iter::once(PathElement::new(
+                            vec![(x, y + 0.35), (x, y + 0.65)],
+                            BLACK.stroke_width(2),
+                        )))
+                        .map(|_| ()),
+                )?;
+            }
+        }
+        // The label, right-aligned in the left strip at the row's centre.
+        let (_, py) = chart.backend_coord(&(x0, y + 0.5));
+        draw_err(
+            left.draw_text(&b.label, &style, (label_w as i32 - 8, py))
+                .map(|_| ()),
+        )?;
+    }
+    for v in std::iter::once(&0.0).chain(vlines.iter()) {
+        draw_err(
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(*v, 0.0), (*v, n as f64)],
+                    BLACK.mix(if *v == 0.0 { 0.8 } else { 0.4 }),
+                )))
+                .map(|_| ()),
+        )?;
+    }
+    draw_err(root.present())?;
+    Ok(())
 }

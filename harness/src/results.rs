@@ -209,3 +209,289 @@ pub fn read_csv<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec
     }
     Ok(out)
 }
+
+/// Schema of `bench.csv` (`BenchRow`), `ab`'s `results.csv` (`AbRow`) and
+/// `compile.csv` (`CompileRow`): each kind has its own version, bumped when
+/// one of its columns is added, removed or changes meaning.
+pub const BENCH_SCHEMA_VERSION: u32 = 1;
+pub const AB_SCHEMA_VERSION: u32 = 1;
+pub const COMPILE_SCHEMA_VERSION: u32 = 1;
+
+/// `kind` of the rows of `gemtune bench -o csv`.
+pub const KIND_BENCH: &str = "bench";
+/// `kind` of the rows of `gemtune ab`'s results.csv.
+pub const KIND_AB: &str = "ab";
+/// `kind` of the rows of a compile report (`check --compile-report`).
+pub const KIND_COMPILE: &str = "compile";
+
+/// One row of `gemtune bench -o csv`: one test (`pp512`, `tg128`,
+/// `pp4096@d4096`) of one model, profile and backend, over `reps` reps.
+/// `gemtune report` joins bench files on (test, model, profile, backend)
+/// and takes each row's interval from its raw `samples`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BenchRow {
+    pub schema_version: u32,
+    /// Always "bench".
+    pub kind: String,
+    /// Model name as the engine reports it (e.g. "e4b", or the file stem).
+    pub model: String,
+    pub model_bytes: u64,
+    pub params: u64,
+    /// Weight type of the model ("Q8_0").
+    pub wtype: String,
+    /// cpu | cuda
+    pub backend: String,
+    pub profile: String,
+    /// Device name ("NVIDIA H100 80GB HBM3"; the CPU model for cpu).
+    pub gpu: String,
+    /// pp<N> (prefill of N tokens), tg<N> (N decode steps), with
+    /// "@d<depth>" when `depth` tokens were in the cache first.
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub depth: usize,
+    pub ubatch: usize,
+    pub reps: usize,
+    /// Tokens per second over the reps: mean, sample standard deviation,
+    /// min and max.
+    pub tps_mean: f64,
+    pub tps_sd: f64,
+    pub tps_min: f64,
+    pub tps_max: f64,
+    /// Raw t/s per rep, ';'-separated.
+    pub samples: String,
+}
+
+/// The `test` name of a bench or ab row: "pp512", "tg128", "pp4096@d4096".
+pub fn test_name(prefix: &str, n: usize, depth: usize) -> String {
+    if depth > 0 {
+        format!("{prefix}{n}@d{depth}")
+    } else {
+        format!("{prefix}{n}")
+    }
+}
+
+/// One rep of one arm of `gemtune ab` for one test (a `bench` request gives
+/// a prefill row and a decode row). Warm-up reps are kept, marked.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AbRow {
+    pub schema_version: u32,
+    /// Always "ab".
+    pub kind: String,
+    /// baseline | candidate
+    pub arm: String,
+    /// The arm as given on the command line ("main", "git:main", a path).
+    pub spec: String,
+    /// What the worker reported: profile, git revision, model, device.
+    pub profile: String,
+    pub git: String,
+    pub model: String,
+    pub wtype: String,
+    pub backend: String,
+    pub gpu: String,
+    /// "pp2048", "tg128" (with "@d<depth>" when depth > 0).
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub depth: usize,
+    /// Position in the run's request sequence (both arms, warm-ups included).
+    pub seq: usize,
+    /// ABBA block of a measured rep (empty for warm-ups).
+    pub block: Option<usize>,
+    pub warmup: bool,
+    /// Tokens per second, and the time of the test: the prefill, or one
+    /// decode step (ms).
+    pub tps: f64,
+    pub ms: f64,
+    /// Whether the rep entered the verdict (false for warm-ups and for the
+    /// reps of dropped, throttled blocks).
+    pub used: bool,
+    /// Why the rep counts as throttled ("" when it does not).
+    pub throttle: String,
+    pub sm_mhz_min: Option<f64>,
+    pub sm_mhz_mean: Option<f64>,
+    pub mem_mhz: Option<f64>,
+    pub temp_c_max: Option<f64>,
+    pub power_w_mean: Option<f64>,
+    /// Clock-event reasons the worker reported for the rep.
+    pub clock_reasons: String,
+    /// Per-phase GPU time, "name=ms;name=ms" (ms per prefill, or per decode
+    /// step, as `ms`).
+    pub phases: String,
+}
+
+/// "a=1.5;b=2" from a phase map.
+pub fn join_phases(p: &std::collections::BTreeMap<String, f64>) -> String {
+    p.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// The phase map of "a=1.5;b=2" (entries that do not parse are skipped).
+pub fn split_phases(s: &str) -> std::collections::BTreeMap<String, f64> {
+    s.split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.trim().to_string(), v.trim().parse().ok()?)))
+        .collect()
+}
+
+/// One row of a compile report: one variant of one family compiled for one
+/// architecture, with the worst resources over the shapes it was compiled
+/// for (registers, spills and shared memory of the entry its cells
+/// launch). Built from `check` rows by `compile_rows`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompileRow {
+    pub schema_version: u32,
+    /// Always "compile".
+    pub kind: String,
+    pub family: String,
+    pub variant: String,
+    pub arch: String,
+    /// compiled | spills (spilled where the spec forbids it) |
+    /// compile-error | rejected (no shape accepted on this arch) |
+    /// duplicate (same defines as another variant)
+    pub verdict: String,
+    pub registers: Option<u32>,
+    pub spill_bytes: Option<u32>,
+    pub static_smem: Option<u32>,
+    pub dyn_smem: Option<u32>,
+    /// Largest static + dynamic shared memory of one launch, bytes.
+    pub smem_bytes: Option<u32>,
+    /// Distinct define sets compiled (one per weight type, typically).
+    pub define_sets: usize,
+    /// Shapes accepted and shapes rejected on this arch.
+    pub shapes: usize,
+    pub rejected_shapes: usize,
+    /// The first compile error, rejection reason or duplicate note.
+    pub reason: String,
+    pub hash: String,
+    pub nvrtc_version: String,
+}
+
+/// Accepted shapes of a compile-only check row: its `shape` reads
+/// "Q8_0: 33 shapes"; a GPU check row is one shape.
+fn accepted_shapes(r: &CheckRow) -> usize {
+    r.shape
+        .split_once(": ")
+        .and_then(|(_, n)| n.strip_suffix(" shapes"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(1)
+}
+
+/// Rejected shapes of a rejected check row: its `shape` lists them,
+/// comma-separated.
+fn rejected_shapes(r: &CheckRow) -> usize {
+    r.shape.split(',').filter(|s| !s.is_empty()).count().max(1)
+}
+
+/// Aggregates `check` rows (compile-only or GPU) into one compile row per
+/// (family, variant, arch): the maximum of each resource over the rows
+/// that compiled, and the worst verdict (compile-error, then spills, then
+/// compiled, then rejected, then duplicate). Sorted by family, variant,
+/// arch.
+pub fn compile_rows(checks: &[CheckRow]) -> Vec<CompileRow> {
+    use std::collections::BTreeMap;
+    let mut groups: BTreeMap<(String, String, String), Vec<&CheckRow>> = BTreeMap::new();
+    for r in checks {
+        groups
+            .entry((r.family.clone(), r.variant.clone(), r.arch.clone()))
+            .or_default()
+            .push(r);
+    }
+    let rank = |v: &str| match v {
+        "compile-error" => 0,
+        "spills" => 1,
+        "rejected" => 3,
+        "duplicate" => 4,
+        _ => 2,
+    };
+    let mut out = Vec::new();
+    for ((family, variant, arch), rows) in groups {
+        let built: Vec<&&CheckRow> = rows
+            .iter()
+            .filter(|r| r.registers.is_some() && rank(&r.verdict) <= 2)
+            .collect();
+        let worst = rows
+            .iter()
+            .min_by_key(|r| rank(&r.verdict))
+            .map(|r| r.verdict.as_str())
+            .unwrap_or("rejected");
+        let verdict = match rank(worst) {
+            0 | 1 | 3 | 4 => worst.to_string(),
+            _ => "compiled".to_string(),
+        };
+        let max = |f: &dyn Fn(&CheckRow) -> Option<u32>| built.iter().filter_map(|r| f(r)).max();
+        let reason = rows
+            .iter()
+            .find(|r| r.verdict == worst && !r.reason.is_empty())
+            .map(|r| r.reason.clone())
+            .unwrap_or_default();
+        let define_sets: std::collections::BTreeSet<&str> =
+            built.iter().map(|r| r.defines.as_str()).collect();
+        out.push(CompileRow {
+            schema_version: COMPILE_SCHEMA_VERSION,
+            kind: KIND_COMPILE.to_string(),
+            family,
+            variant,
+            arch,
+            verdict,
+            registers: max(&|r| r.registers),
+            spill_bytes: max(&|r| r.spill_bytes),
+            static_smem: max(&|r| r.static_smem),
+            dyn_smem: max(&|r| r.dyn_smem),
+            smem_bytes: max(&|r| match (r.static_smem, r.dyn_smem) {
+                (None, None) => None,
+                (s, d) => Some(s.unwrap_or(0) + d.unwrap_or(0)),
+            }),
+            define_sets: define_sets.len(),
+            shapes: built.iter().map(|r| accepted_shapes(r)).sum(),
+            rejected_shapes: rows
+                .iter()
+                .filter(|r| r.verdict == "rejected")
+                .map(|r| rejected_shapes(r))
+                .sum(),
+            reason,
+            hash: rows.first().map(|r| r.hash.clone()).unwrap_or_default(),
+            nvrtc_version: built
+                .iter()
+                .map(|r| r.nvrtc_version.clone())
+                .find(|v| !v.is_empty())
+                .unwrap_or_default(),
+        });
+    }
+    out
+}
+
+/// Merges freshly aggregated compile rows into an existing compile report:
+/// the rows of every (family, arch) present in `new` replace the old rows
+/// of that (family, arch); everything else is kept. So one `check` per
+/// architecture (or per family) refreshes its part of the file.
+pub fn merge_compile_rows(old: Vec<CompileRow>, new: Vec<CompileRow>) -> Vec<CompileRow> {
+    let fresh: std::collections::BTreeSet<(String, String)> = new
+        .iter()
+        .map(|r| (r.family.clone(), r.arch.clone()))
+        .collect();
+    let mut rows: Vec<CompileRow> = old
+        .into_iter()
+        .filter(|r| !fresh.contains(&(r.family.clone(), r.arch.clone())))
+        .chain(new)
+        .collect();
+    rows.sort_by(|a, b| (&a.family, &a.variant, &a.arch).cmp(&(&b.family, &b.variant, &b.arch)));
+    rows
+}
+
+/// Writes the compile rows of `checks` into the compile report at `path`,
+/// merged with the rows already there (`merge_compile_rows`).
+pub fn update_compile_report(path: &Path, checks: &[CheckRow]) -> anyhow::Result<()> {
+    let old: Vec<CompileRow> = if path.exists() {
+        read_csv(path)?
+    } else {
+        Vec::new()
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", dir.display()))?;
+    }
+    write_csv(path, &merge_compile_rows(old, compile_rows(checks)))
+}

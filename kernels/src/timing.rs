@@ -80,26 +80,34 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// Median of the samples (`quantile_sorted` at 0.5), NaN when empty.
     pub fn median_us(&self) -> f64 {
         let mut s = self.samples_us.clone();
         s.sort_by(f64::total_cmp);
-        if s.is_empty() {
-            return f64::NAN;
-        }
-        s[s.len() / 2]
+        quantile_sorted(&s, 0.5)
     }
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[i]
+/// Quantile `q` in [0, 1] of sorted data by linear interpolation between
+/// closest ranks (the "type 7" rule of R and NumPy); NaN for empty input.
+/// The one quantile definition of the workspace: the timing loop, the
+/// ceilings and the harness's statistics (`gemtune::stats`) all use it.
+pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let q = q.clamp(0.0, 1.0);
+    let h = (sorted.len() - 1) as f64 * q;
+    let lo = h.floor() as usize;
+    let hi = h.ceil() as usize;
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
 }
 
 fn rel_spread(samples: &[f64]) -> f64 {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
-    let med = quantile(&s, 0.5);
-    (quantile(&s, 0.9) - quantile(&s, 0.1)) / med
+    let med = quantile_sorted(&s, 0.5);
+    (quantile_sorted(&s, 0.9) - quantile_sorted(&s, 0.1)) / med
 }
 
 /// What the sampling loop needs from anything it times: the weight
@@ -251,7 +259,7 @@ pub fn time_workload(
         warm_ms += s.iter().sum::<f64>() * lps as f64 / 1000.0;
         let mut ss = s.clone();
         ss.sort_by(f64::total_cmp);
-        medians.push(quantile(&ss, 0.5));
+        medians.push(quantile_sorted(&ss, 0.5));
         let stable = medians.len() >= 3 && {
             let t = &medians[medians.len() - 3..];
             let lo = t.iter().cloned().fold(f64::INFINITY, f64::min);
@@ -365,7 +373,7 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<Ceilings, GpuError> {
             .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64))
             .collect::<Result<_, _>>()?;
         t.sort_by(f64::total_cmp);
-        Ok(bytes as f64 * reps as f64 / (t[t.len() / 2] * 1e-3) / 1e9)
+        Ok(bytes as f64 * reps as f64 / (quantile_sorted(&t, 0.5) * 1e-3) / 1e9)
     };
     let hbm = measure(hbm_bytes, 1)?;
     let l2bw = measure(l2_bytes, 40)?;

@@ -18,13 +18,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use gemtune::results::BenchRow;
 use gemtune_engine::cpu::LogitRows;
 use gemtune_engine::engine::{Engine, PhaseTimes};
 use gemtune_engine::model::Model;
 use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
 
 use crate::engine_opts::{build_engine, resolve_backend, Backend, CudaArgs};
 use crate::exit::Exit;
@@ -77,57 +77,12 @@ pub struct Args {
     pub worker: bool,
 }
 
-/// One bench result row (also the CSV schema `report` joins on
-/// test/model/profile/backend).
-#[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
-    pub schema_version: u32,
-    pub kind: String,
-    pub model: String,
-    pub model_bytes: u64,
-    pub params: u64,
-    pub wtype: String,
-    pub backend: String,
-    pub profile: String,
-    pub gpu: String,
-    pub test: String,
-    pub n_prompt: usize,
-    pub n_gen: usize,
-    pub depth: usize,
-    pub ubatch: usize,
-    pub reps: usize,
-    pub tps_mean: f64,
-    pub tps_sd: f64,
-    pub tps_min: f64,
-    pub tps_max: f64,
-    /// t/s per repetition, ';'-separated.
-    pub samples: String,
-}
-
-/// The scratch directory for files nobody asked to keep.
-fn scratch_dir() -> PathBuf {
-    let mut d = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    loop {
-        if d.join("Cargo.toml").is_file() && d.join("variants").is_dir() {
-            return d.join("target").join("gemtune");
-        }
-        if !d.pop() {
-            break;
-        }
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("gemtune")
-}
-
 /// `-m MODEL`, or the synthetic e4b q8_0 written once into the scratch dir.
 pub fn model_path(m: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = m {
         return Ok(p.to_path_buf());
     }
-    let dir = scratch_dir().join("models");
+    let dir = gemtune::scratch::scratch_dir().join("models");
     let p = dir.join("e4b-q8_0-seed0.gguf");
     if !p.is_file() {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -302,9 +257,9 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
             tps.push(v);
         }
         let (m, sd) = mean_sd(&tps);
-        results.push(BenchResult {
-            schema_version: 1,
-            kind: "bench".into(),
+        results.push(BenchRow {
+            schema_version: gemtune::results::BENCH_SCHEMA_VERSION,
+            kind: gemtune::results::KIND_BENCH.into(),
             model: mf.name.clone(),
             model_bytes: mf.bytes,
             params: mf.params,
@@ -393,9 +348,9 @@ fn worker(e: &mut dyn Engine, model: &Model, path: &Path, args: &Args) -> anyhow
                 let i = g.info();
                 serde_json::json!({"name": i.name, "driver": i.driver_version.to_string(), "sm_count": i.sm_count})
             })
-            .unwrap_or(serde_json::Value::Null)
+            .unwrap_or_else(|_| serde_json::json!({}))
     } else {
-        serde_json::Value::Null
+        serde_json::json!({"name": "cpu"})
     };
     let slots: serde_json::Map<String, serde_json::Value> = e
         .describe()

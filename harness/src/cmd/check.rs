@@ -45,6 +45,12 @@ pub struct Args {
     /// Check shapes with more tokens than this at this many tokens instead.
     #[arg(long)]
     pub check_max_m: Option<usize>,
+    /// Also write the compile report: one row per family x variant x arch with
+    /// the worst registers, spills and shared memory over the shapes. Rows of
+    /// the families and arch checked replace theirs in an existing FILE; the
+    /// rest is kept (`scripts/compile-report.sh` builds sm_80/89/90 this way).
+    #[arg(long, value_name = "FILE")]
+    pub compile_report: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Exit> {
@@ -109,6 +115,10 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     let csv = out.join("check.csv");
     write_csv(&csv, &outcome.rows)?;
     eprintln!("wrote {}", csv.display());
+    if let Some(path) = &a.compile_report {
+        gemtune::results::update_compile_report(path, &outcome.rows)?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(verdict(&outcome))
 }
 

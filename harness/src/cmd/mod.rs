@@ -1,9 +1,11 @@
 //! One module per subcommand.
 
+pub mod ab;
 pub mod bench;
 pub mod check;
 pub mod info;
 pub mod logits;
+pub mod report;
 pub mod run;
 pub mod synth;
 pub mod tokenize;

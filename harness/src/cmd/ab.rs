@@ -1,0 +1,253 @@
+//! `gemtune ab --baseline A --candidate B`: an interleaved end-to-end A/B
+//! of two engine arms (`gemtune::ab` has the workings). Writes
+//! results.csv, summary.md, verdict.json, tps.png, ratio.png, phases.png
+//! and the workers' logs. Exit: 0 SAME or FAST in every test, 1 any SLOW,
+//! 2 any AMBIGUOUS (and no SLOW), 3 numerics gate failed (no timing ran),
+//! 4 infrastructure or bad input (a worker that dies or breaks the
+//! protocol, a failed git build, an unknown profile).
+
+use crate::exit::Exit;
+use gemtune::ab::gate::GateConfig;
+use gemtune::ab::session::{self, AbConfig};
+use gemtune::ab::summary;
+use gemtune::verdict::VerdictConfig;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Baseline arm: a profile name (variants/profiles/NAME.toml) or file, git:REF, or a gemtune binary path.
+    #[arg(long)]
+    pub baseline: String,
+    /// Candidate arm, as --baseline.
+    #[arg(long)]
+    pub candidate: String,
+    /// Model GGUF (default: the synthetic e4b q8_0 that `bench` uses).
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Prompt tokens of each timed prefill.
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_prompt: u64,
+    /// Decode steps after each prefill (0: prefill only).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Tokens in the KV cache before each timed prefill (filled untimed).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
+    /// Timed reps per arm: even, at least 6 (ABBA blocks of two reps each).
+    #[arg(long, default_value_t = 12, value_parser = even_reps)]
+    pub reps: usize,
+    /// ABBA blocks of phase-timed requests after the timed ones, for the
+    /// per-phase attribution (0 skips it; phase timing runs decode eagerly,
+    /// so these never feed the verdict).
+    #[arg(long, default_value_t = 3)]
+    pub phase_blocks: usize,
+    /// Warm-up rounds (one rep of each arm per round), discarded.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Minimum effect: speed changes smaller than this fraction are SAME.
+    #[arg(long, default_value_t = 0.01, value_parser = effect)]
+    pub min_effect: f64,
+    /// Confidence level of the intervals.
+    #[arg(long, default_value_t = 0.95, value_parser = level)]
+    pub confidence: f64,
+    /// Judge throttled ABBA blocks too instead of dropping them.
+    #[arg(long)]
+    pub keep_throttled: bool,
+    /// Report directory (default target/gemtune/ab-<timestamp> of the checkout).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Engine backend passed to both workers (cuda, cpu).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Prefill micro-batch passed to both workers.
+    #[arg(long)]
+    pub ubatch: Option<usize>,
+    /// KV cache type passed to both workers (f16, f32).
+    #[arg(long)]
+    pub kv_type: Option<String>,
+    /// Skip the numerics gate (timing only).
+    #[arg(long)]
+    pub no_gate: bool,
+    /// Gate: prompt lengths in tokens.
+    #[arg(long, value_delimiter = ',', default_values_t = GateConfig::default().lengths)]
+    pub gate_lengths: Vec<usize>,
+    /// Gate: minimum top-1 agreement over the prompt rows.
+    #[arg(long, default_value_t = GateConfig::default().min_top1, value_parser = level)]
+    pub gate_top1: f64,
+    /// Gate: largest |delta logit| allowed.
+    #[arg(long, default_value_t = GateConfig::default().max_delta, value_parser = positive)]
+    pub gate_max_delta: f64,
+    /// The binary that serves profile arms (default: this gemtune).
+    #[arg(long)]
+    pub worker: Option<PathBuf>,
+    /// Seconds to wait for a worker's ready line or any reply.
+    #[arg(long, default_value_t = 900)]
+    pub timeout_s: u64,
+    /// Seed of the bootstrap resampling.
+    #[arg(long, default_value_t = VerdictConfig::default().seed)]
+    pub seed: u64,
+    /// Do not echo the workers' stderr (it is still logged in the report directory).
+    #[arg(long)]
+    pub quiet: bool,
+    /// The variants/ directory (default: found from the current directory).
+    #[arg(long)]
+    pub variants_dir: Option<PathBuf>,
+}
+
+fn even_reps(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a count of reps"))?;
+    let min = 2 * gemtune::verdict::MIN_BLOCKS;
+    if n < min || n % 2 != 0 {
+        return Err(format!(
+            "{n}: an even number of at least {min} is needed (ABBA blocks hold two reps of each arm)"
+        ));
+    }
+    Ok(n)
+}
+
+fn effect(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number (0.01 means 1%)"))?;
+    if v > 0.0 && v < 0.5 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in (0, 0.5) (0.01 means 1%)"))
+    }
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a non-negative number"))
+    }
+}
+
+fn level(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v > 0.5 && v < 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in (0.5, 1), e.g. 0.95"))
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<Exit> {
+    let variants = gemtune::spec::variants_dir(a.variants_dir.as_deref());
+    let variants = std::path::absolute(&variants).unwrap_or(variants);
+    let root = variants
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_else(gemtune::scratch::checkout_root);
+    let scratch = root.join("target").join("gemtune");
+    let worker_bin = match a.worker.clone() {
+        Some(w) => w,
+        None => std::env::current_exe()
+            .map_err(|e| anyhow::anyhow!("cannot find this executable: {e}"))?,
+    };
+    // The workers run in the checkout root: every path they get is absolute.
+    let abs = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    let worker_bin = abs(worker_bin);
+    let model = a.model.clone().map(abs);
+    let out = abs(a
+        .out
+        .clone()
+        .unwrap_or_else(|| session::default_out(&scratch)));
+    let cfg = AbConfig {
+        baseline: a.baseline.clone(),
+        candidate: a.candidate.clone(),
+        model,
+        n_prompt: a.n_prompt as usize,
+        n_gen: a.n_gen,
+        depth: a.depth,
+        reps: a.reps,
+        phase_blocks: a.phase_blocks,
+        warmup: a.warmup,
+        backend: a.backend.clone(),
+        ubatch: a.ubatch,
+        kv_type: a.kv_type.clone(),
+        worker_bin,
+        variants,
+        root,
+        scratch,
+        timeout: Duration::from_secs(a.timeout_s.max(1)),
+        gate: (!a.no_gate).then(|| GateConfig {
+            lengths: a.gate_lengths.clone(),
+            min_top1: a.gate_top1,
+            max_delta: a.gate_max_delta,
+            ..GateConfig::default()
+        }),
+        verdict: VerdictConfig {
+            min_effect: a.min_effect,
+            level: a.confidence,
+            seed: a.seed,
+            keep_throttled: a.keep_throttled,
+            ..VerdictConfig::default()
+        },
+        out: out.clone(),
+        echo: !a.quiet,
+    };
+    let run = match session::run(&cfg, |m| eprintln!("ab: {m}")) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(Exit::Infra);
+        }
+    };
+    gemtune::results::write_csv(&out.join("results.csv"), &run.rows)?;
+    let title = format!("gemtune ab: {} vs {}", a.baseline, a.candidate);
+    let method = summary::method_text(
+        a.reps,
+        a.warmup,
+        a.min_effect,
+        a.confidence,
+        a.keep_throttled,
+    );
+    std::fs::write(
+        out.join("summary.md"),
+        summary::summary_md(&run, &title, &method),
+    )?;
+    std::fs::write(out.join("verdict.json"), summary::verdict_json(&run))?;
+    if let Err(e) = summary::write_plots(&out, &run) {
+        eprintln!("warning: plots: {e:#}");
+    }
+    let code = summary::exit_code(&run);
+    if let Some(g) = &run.gate {
+        println!("numerics gate: {}", g.message);
+    }
+    for t in &run.tests {
+        let j = &t.judgement;
+        println!(
+            "{:<8} {:<12} {:<9} ratio {:.4} [{:.4}, {:.4}]  baseline {:.2} t/s, candidate {:.2} t/s{}",
+            t.phase,
+            t.test,
+            j.verdict.name(),
+            j.ratio,
+            j.ci.0,
+            j.ci.1,
+            j.baseline_tps,
+            j.candidate_tps,
+            if j.blocks_dropped > 0 {
+                format!(
+                    "; {} of {} blocks dropped (throttled)",
+                    j.blocks_dropped, j.blocks_total
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    eprintln!("wrote {}", out.display());
+    Ok(match code {
+        0 => Exit::Pass,
+        1 => Exit::Regression,
+        2 => Exit::Ambiguous,
+        3 => Exit::Correctness,
+        _ => Exit::Infra,
+    })
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The compile report: registers, spill bytes and shared memory of every kernel
+# variant on sm_80, sm_89 and sm_90 (NVRTC only, no GPU), one row per
+# family x variant x arch (the worst over its shapes), compared with the
+# committed baseline reports/baseline/compile.csv through `gemtune report`.
+#
+#   scripts/compile-report.sh            compare (CI): exit 1 when a variant
+#                                        gained a spill, grew its registers or
+#                                        shared memory beyond the band, stopped
+#                                        compiling or vanished; summary.md names it
+#   scripts/compile-report.sh --update   rewrite reports/baseline/compile.csv
+#                                        from this checkout (commit the result)
+#
+# The NVRTC compiles hit the cubin cache (GEMTUNE_CACHE, default
+# ~/.cache/gemtune/cubin) that the test suite's compile gate filled, so after
+# `cargo test` this takes seconds. The baseline must come from the pinned
+# NVRTC (13.0.88, which scripts/nvrtc-env.sh installs).
+# Environment: GEMTUNE (binary; default: cargo build, then target/debug/gemtune),
+# OUT (default target/gemtune/compile-report).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/nvrtc-env.sh
+
+mode=compare
+case ${1:-} in
+"") ;;
+--update) mode=update ;;
+*)
+    echo "usage: scripts/compile-report.sh [--update]" >&2
+    exit 4
+    ;;
+esac
+
+if [[ -n ${GEMTUNE:-} ]]; then
+    bin=$GEMTUNE
+else
+    cargo build --quiet --locked -p gemtune
+    bin=target/debug/gemtune
+fi
+out=${OUT:-target/gemtune/compile-report}
+baseline=reports/baseline/compile.csv
+rm -rf "$out"
+mkdir -p "$out"
+current=$out/compile.csv
+
+status=0
+for arch in sm_80 sm_89 sm_90; do
+    # check exits 4 on a compile error and 3 on a forbidden spill; its rows
+    # (verdict compile-error / spills) still go into the report.
+    rc=0
+    "$bin" check --compile-only --arch "$arch" --out "$out/check-$arch" \
+        --compile-report "$current" >"$out/check-$arch.txt" 2>"$out/check-$arch.log" || rc=$?
+    if [[ $rc != 0 ]]; then
+        echo "compile-report: check --arch $arch exited $rc (see $out/check-$arch.log)" >&2
+        status=$rc
+    fi
+done
+
+if [[ $mode == update ]]; then
+    if [[ $status != 0 ]]; then
+        echo "compile-report: not updating $baseline: a check failed" >&2
+        exit "$status"
+    fi
+    cp "$current" "$baseline"
+    echo "wrote $baseline ($(($(wc -l <"$baseline") - 1)) rows, $("$bin" --version)); commit it"
+    exit 0
+fi
+
+"$bin" report --baseline "$baseline" --current "$current" --out "$out/report" || status=$?
+echo "compile report: $out/report/summary.md" >&2
+exit "$status"
