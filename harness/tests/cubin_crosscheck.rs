@@ -46,6 +46,15 @@ fn cubin_resources_match_ptxas_on_swept_variants() {
                 let wt = if i % 2 == 0 { "Q8_0" } else { "Q4_0" };
                 d.insert("WTYPE".into(), DefineValue::Str(wt.into()));
             }
+            // Likewise the K/V type and head dim of attention shapes.
+            if declared.iter().any(|x| x == "KV_TYPE") {
+                let kv = ["F16", "BF16", "F32"][i % 3];
+                d.insert("KV_TYPE".into(), DefineValue::Str(kv.into()));
+            }
+            if declared.iter().any(|x| x == "HEAD_DIM") {
+                let hd = if i % 2 == 0 { 256 } else { 512 };
+                d.insert("HEAD_DIM".into(), DefineValue::Int(hd));
+            }
             for arch in [Arch(80), Arch(89), Arch(90)] {
                 if f.arch_specific().is_some_and(|a| a != arch) {
                     continue;

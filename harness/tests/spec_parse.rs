@@ -142,7 +142,7 @@ fn structural_errors_are_located() {
     let e = parse(&SPEC.replace("BM = 128\n", "BM = 1.5\n")).unwrap_err();
     assert_eq!(e.line, 7, "{e}");
     let e = parse(&SPEC.replace("BK = 64\n", "WTYPE = \"Q8_0\"\n")).unwrap_err();
-    assert!(e.msg.contains("set from each shape's weight type"), "{e}");
+    assert!(e.msg.contains("set from each shape's type"), "{e}");
     let e = parse(&SPEC.replace("contract = \"approx\"", "contract = \"exact\"")).unwrap_err();
     assert_eq!(e.line, 4, "{e}");
     let e = parse("[kernel\nfamily = 1").unwrap_err();

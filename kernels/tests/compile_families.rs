@@ -7,7 +7,9 @@ use gemtune_kernels::compile::{
     compile, nvrtc_available, nvrtc_version, parse_ptxas_log, Arch, ResourceSource,
 };
 use gemtune_kernels::cubin::{entry_names, Cubin};
-use gemtune_kernels::family::{families, DeviceLimits, Problem};
+use gemtune_kernels::family::{
+    families, AttnProblem, DeviceLimits, KvType, Problem, ProblemKind, RowsProblem,
+};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::source::{header_defines, required_macros, source, SOURCES};
 
@@ -80,8 +82,29 @@ fn defaults_compile_for_every_arch_without_spills() {
                         cv.resources_source
                     );
                 }
-                // The defaults target the H100: they must be a valid point there.
-                let p = Problem::matmul(if f.name() == "gemv" { 1 } else { 256 }, 1024, 2560, wt);
+                // The defaults target the H100: they must be a valid point
+                // there, on an E4B-sized problem of the family's kind.
+                let p = match f.problem_kind() {
+                    ProblemKind::Matmul => {
+                        Problem::matmul(if f.name() == "gemv" { 1 } else { 256 }, 1024, 2560, wt)
+                    }
+                    ProblemKind::Rows => Problem::Rows(RowsProblem {
+                        rows: 512,
+                        width: 2560,
+                        dtype: wt,
+                        aux: 256,
+                    }),
+                    ProblemKind::Attention => Problem::Attention(AttnProblem {
+                        n_heads: 8,
+                        n_kv_heads: 2,
+                        head_dim: 256,
+                        window: 0,
+                        q_pos0: if f.name() == "attn_decode" { 4095 } else { 0 },
+                        n_q: if f.name() == "attn_decode" { 1 } else { 4096 },
+                        capacity: 4096,
+                        kv_type: KvType::F16,
+                    }),
+                };
                 f.validate(&d, &p, &DeviceLimits::for_arch(Arch(90)))
                     .unwrap_or_else(|r| {
                         panic!(

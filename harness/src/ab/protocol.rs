@@ -66,6 +66,10 @@ pub struct Ready {
     pub profile: String,
     #[serde(default)]
     pub gpu: GpuInfo,
+    /// Positions the worker's context holds (0: not said); the numerics
+    /// gate clips its prompts to it.
+    #[serde(default)]
+    pub ctx: usize,
     /// Engine slot -> "family/variant" the profile put there.
     #[serde(default)]
     pub slots: BTreeMap<String, String>,

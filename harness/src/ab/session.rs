@@ -269,7 +269,20 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
     if let Some(g) = &cfg.gate {
         let tmp = cfg.out.join("gate-tmp");
         let (wa, wb) = workers.split_at_mut(1);
-        let r = gate::run(&mut wa[0], &mut wb[0], g, &tmp, &mut progress);
+        let cap = arms
+            .iter()
+            .map(|a| a.ready.ctx)
+            .filter(|&c| c > 0)
+            .min()
+            .unwrap_or(usize::MAX);
+        let mut g = g.clone();
+        if g.lengths.iter().any(|&n| n > cap) {
+            notes.push(format!(
+                "numerics gate prompts clipped to the workers' context of {cap} positions"
+            ));
+            g.lengths = g.lengths.iter().map(|&n| n.min(cap)).collect();
+        }
+        let r = gate::run(&mut wa[0], &mut wb[0], &g, &tmp, &mut progress);
         let _ = std::fs::remove_dir_all(&tmp);
         let r = r?;
         progress(&format!("numerics gate {}", r.message));

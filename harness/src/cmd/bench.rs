@@ -199,8 +199,13 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let backend = resolve_backend(args.backend);
     let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);
-    let need = args.depth + max_p.max(args.n_gen) + 1;
+    let mut need = args.depth + max_p.max(args.n_gen) + 1;
     let ctx = model.config().context_length;
+    // A worker holds what the model allows and says so in its ready line;
+    // a request that needs more is refused then.
+    if args.worker {
+        need = need.min(ctx);
+    }
     if need > ctx {
         bail!(
             "depth {} + the longest test need {need} positions; the model's context holds {ctx}",
@@ -367,6 +372,7 @@ fn worker(e: &mut dyn Engine, model: &Model, path: &Path, args: &Args) -> anyhow
         "model": {"path": path.display().to_string(), "name": mf.name, "wtype": mf.wtype, "bytes": mf.bytes, "params": mf.params},
         "backend": backend,
         "profile": args.cuda.profile,
+        "ctx": e.max_seq(),
         "gpu": gpu,
         "slots": slots,
     });
@@ -462,10 +468,9 @@ fn worker_bench(
 ) -> anyhow::Result<serde_json::Value> {
     let get = |k: &str| req.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
     let (p, g, d) = (get("n_prompt"), get("n_gen"), get("depth"));
-    let want_phases = req.get("phases").and_then(|v| v.as_bool()).unwrap_or(false);
-    if want_phases && !e.set_phases(true) {
-        bail!("bench: this backend does not measure phases");
-    }
+    // A backend that cannot time phases answers without them.
+    let want_phases =
+        req.get("phases").and_then(|v| v.as_bool()).unwrap_or(false) && e.set_phases(true);
     if p + g + d + 1 > e.max_seq() {
         bail!(
             "bench: depth + prompt + generation = {} exceeds the worker's context of {}",
