@@ -505,7 +505,7 @@ fn bad_arms_and_values_are_refused() {
             &[&["--baseline", "main", "--candidate", "main"][..], &bad[..]].concat(),
             &[],
         );
-        assert_ne!(r.code, Some(0), "{bad:?}: {}", r.log());
+        assert_eq!(r.code, Some(4), "{bad:?}: {}", r.log());
         assert!(!r.out.join("results.csv").exists());
     }
 }

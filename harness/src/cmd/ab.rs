@@ -153,7 +153,13 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     // The workers run in the checkout root: every path they get is absolute.
     let abs = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
     let worker_bin = abs(worker_bin);
-    let model = a.model.clone().map(abs);
+    // With no -m, bench's synthetic default is written here, once, rather
+    // than by two workers racing for the same file.
+    let model = match (&a.model, &a.worker) {
+        (Some(m), _) => Some(abs(m.clone())),
+        (None, None) => Some(abs(super::bench::model_path(None)?)),
+        (None, Some(_)) => None,
+    };
     let out = abs(a
         .out
         .clone()
