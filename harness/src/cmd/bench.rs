@@ -201,10 +201,11 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
     let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);
     let mut need = args.depth + max_p.max(args.n_gen) + 1;
     let ctx = model.config().context_length;
-    // A worker holds what the model allows and says so in its ready line;
-    // a request that needs more is refused then.
+    // A worker's request runs the decode steps after the prompt, in one
+    // sequence. It holds what the model allows and says so in its ready
+    // line; a request that needs more is refused then.
     if args.worker {
-        need = need.min(ctx);
+        need = (args.depth + max_p + args.n_gen + 1).min(ctx);
     }
     if need > ctx {
         bail!(
