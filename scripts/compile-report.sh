@@ -11,8 +11,8 @@
 #   scripts/compile-report.sh --update   rewrite reports/baseline/compile.csv
 #                                        from this checkout (commit the result)
 #
-# The NVRTC compiles hit the cubin cache (GEMTUNE_CACHE, default
-# ~/.cache/gemtune/cubin) that the test suite's compile gate filled, so after
+# The NVRTC compiles use the test suite's cubin cache (target/gemtune/test-cubin,
+# unless GEMTUNE_CACHE_DIR is set), which the compile gate filled, so after
 # `cargo test` this takes seconds. The baseline must come from the pinned
 # NVRTC (13.0.88, which scripts/nvrtc-env.sh installs).
 # Environment: GEMTUNE (binary; default: cargo build, then target/debug/gemtune),
@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/nvrtc-env.sh
+export GEMTUNE_CACHE_DIR=${GEMTUNE_CACHE_DIR:-$PWD/target/gemtune/test-cubin}
 
 mode=compare
 case ${1:-} in

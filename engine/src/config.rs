@@ -1,5 +1,5 @@
 //! `Gemma4Config`: the model description derived from GGUF metadata
-//! (../shared/gemma4-spec.md §2-4). Everything per layer is resolved here once,
+//! (docs/gemma4.md §2-4). Everything per layer is resolved here once,
 //! so the forward passes never re-derive geometry.
 
 /// Attention type of one decoder layer.

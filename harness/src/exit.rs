@@ -1,4 +1,5 @@
-//! Process exit codes shared by every subcommand (DESIGN §5).
+//! Process exit codes shared by every subcommand (the README's "Exit codes"
+//! table, which `tests/cli_contract.rs` holds the binary to).
 
 use std::process::ExitCode;
 

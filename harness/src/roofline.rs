@@ -3,7 +3,7 @@
 //! Bandwidth roofs (HBM and L2) come from `kernels::timing::measure_ceilings`
 //! on the device itself. Instruction-rate roofs cannot be measured per call
 //! cheaply, so they come from a table of register-only microbenchmarks on the
-//! same device type (kernel-anchors §0, H100 80GB HBM3: `mma.sync` s8
+//! same device type (docs/anchors.md §1, H100 80GB HBM3: `mma.sync` s8
 //! m16n8k32 1297 TOPS, f16/bf16 m16n8k16 651 TFLOP/s, dp4a 94 TOPS). A device
 //! missing from the table gets no compute roof and every row says so.
 
@@ -71,7 +71,7 @@ pub const PEAKS: &[DevicePeaks] = &[DevicePeaks {
     ffma: 67e12,
     dense_bf16: 989e12,
     dense_s8: 1979e12,
-    source: "kernel-anchors §0, H100 80GB HBM3 register-only mma.sync/dp4a loops; ffma and dense tensor rates (reference rows) from the SXM5 datasheet",
+    source: "docs/anchors.md §1, H100 80GB HBM3 register-only mma.sync/dp4a loops; ffma and dense tensor rates (reference rows) from the SXM5 datasheet",
 }];
 
 pub fn peaks_for(device_name: &str, cc: (u32, u32)) -> Option<&'static DevicePeaks> {

@@ -1,11 +1,10 @@
-//! Where a command writes when no `--out` is given: the scratch directory
-//! `target/gemtune/` of the checkout, found by walking up from the current
-//! directory to the first one holding `variants/` (as `spec::variants_dir`
-//! finds the specs), or of the current directory when there is none.
-//!
-//! Local to `ab` and `report` for now; the CLI-contract work adds a shared
-//! helper for every subcommand's default output location, and this one
-//! should be folded into it.
+//! Where a command writes what nobody asked to keep (default report
+//! folders, bench's synthetic model): the scratch directory. Inside a
+//! checkout (found by walking up from the current directory to the first
+//! one holding `variants/`, as `spec::variants_dir` finds the specs) it is
+//! the checkout's `target/gemtune/`, which git ignores; elsewhere it is
+//! `$XDG_CACHE_HOME/gemtune` (or `~/.cache/gemtune`). `reports/` holds only
+//! what is committed, written there with an explicit `--out`.
 
 use std::path::{Path, PathBuf};
 
@@ -29,9 +28,19 @@ pub fn root_from(dir: &Path) -> PathBuf {
     }
 }
 
-/// `<checkout>/target/gemtune`.
+/// `<checkout>/target/gemtune`, or the user's cache directory outside a
+/// checkout.
 pub fn scratch_dir() -> PathBuf {
-    checkout_root().join("target").join("gemtune")
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    if root_from(&cwd).join("variants").is_dir() {
+        return root_from(&cwd).join("target").join("gemtune");
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("gemtune")
 }
 
 /// `<scratch>/<name>-<UTC timestamp>`: a fresh default output directory.

@@ -93,7 +93,7 @@ impl Lab {
         } else {
             &["-n", "8"]
         };
-        let o = Command::new(common::gemtune_bin())
+        let o = common::gemtune()
             .current_dir(self.path())
             .args(["ab", "--worker"])
             .arg(&self.worker)
@@ -204,7 +204,7 @@ fn relative_paths_work_from_a_subdirectory() {
     let lab = Lab::new();
     let sub = lab.path().join("sub");
     std::fs::create_dir_all(&sub).unwrap();
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .current_dir(&sub)
         .args([
             "ab",
@@ -634,7 +634,7 @@ printf '#!/bin/sh\nexec python3 %s "$@" --fake-name %s\n' "$FAKE_WORKER" "$(cat 
 #[ignore = "needs a CUDA GPU"]
 fn aa_on_the_gpu_is_same() {
     let out = tempfile::tempdir().unwrap();
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .current_dir(common::repo_root())
         .args([
             "ab",

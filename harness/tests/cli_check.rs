@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn repo() -> PathBuf {
     common::repo_root()
@@ -23,7 +22,7 @@ fn require_nvrtc() {
 fn compile_gate(arch: &str) {
     require_nvrtc();
     let out = tempfile::tempdir().unwrap();
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .current_dir(repo())
         .args(["check", "--compile-only", "--arch", arch, "--out"])
         .arg(out.path())
@@ -108,7 +107,7 @@ fn copy_dir(src: &Path, dst: &Path) {
 
 fn run_check(vdir: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let out = tempfile::tempdir().unwrap();
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .args(["check", "--compile-only", "--variants-dir"])
         .arg(vdir)
         .args(["--out"])
@@ -173,10 +172,29 @@ fn bad_specs_exit_4_naming_file_and_line() {
 fn check_every_family_on_the_gpu() {
     require_nvrtc();
     let out = tempfile::tempdir().unwrap();
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .current_dir(repo())
         .args(["check", "--tokens", "1,3,7,8,113", "--shape", "e4b.attn_k"])
-        .args(["--shape", "edge.", "--out"])
+        // Every family needs a shape past the filters: attention and RoPE
+        // (attn_check.toml), the row-wise families (rows_check.toml), the
+        // activation conversion (convert.toml), and the partial-tile edges.
+        .args([
+            "--shape",
+            "e4b.swa",
+            "--shape",
+            "rmsnorm.e4b",
+            "--shape",
+            "gelu_mul.e4b",
+        ])
+        .args([
+            "--shape",
+            "embed.q",
+            "--shape",
+            "ple.q8",
+            "--shape",
+            "softcap.vocab",
+        ])
+        .args(["--shape", "e4b.d_model", "--shape", "edge.", "--out"])
         .arg(out.path())
         .output()
         .expect("run gemtune");

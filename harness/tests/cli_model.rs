@@ -3,13 +3,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn gemtune(args: &[&str]) -> Output {
-    Command::new(common::gemtune_bin())
-        .args(args)
-        .output()
-        .expect("run gemtune")
+    common::gemtune().args(args).output().expect("run gemtune")
 }
 
 fn text(b: &[u8]) -> String {

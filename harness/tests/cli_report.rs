@@ -8,7 +8,6 @@ mod common;
 use gemtune::compare::{self, CompareConfig, Kind, Side, Status};
 use gemtune::results::{self, AbRow, BenchRow, CheckRow, CompileRow, TuneRow};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 struct Out {
     code: Option<i32>,
@@ -42,7 +41,7 @@ impl Out {
 fn report(base: &Path, cur: &Path, extra: &[&str]) -> Out {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("r");
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .args(["report", "--baseline"])
         .arg(base)
         .arg("--current")

@@ -2,10 +2,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn gemtune(args: &[&str]) -> Output {
-    Command::new(common::gemtune_bin())
+    common::gemtune()
         .args(args)
         .output()
         .expect("spawn gemtune")

@@ -7,10 +7,9 @@ mod common;
 
 use gemtune::results::{read_csv, CheckRow, TuneRow};
 use std::path::Path;
-use std::process::Command;
 
 fn tune(out: &Path, extra: &[&str]) -> (Option<i32>, String) {
-    let o = Command::new(common::gemtune_bin())
+    let o = common::gemtune()
         .current_dir(common::repo_root())
         .args([
             "tune",

@@ -45,15 +45,85 @@ impl fmt::Display for Arch {
     }
 }
 
+/// Parses `sm_90`, `90` or the arch-specific form `sm_90a`. The `a` form
+/// names the same target here: a family that needs arch-specific features
+/// (`gemm_wgmma`) always compiles for its `a` target, every other family
+/// for the plain one, so `sm_90a` and `sm_90` select the same compiles.
+/// Whether NVRTC can target it is `supported_archs`'s business.
 impl FromStr for Arch {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let digits = s.strip_prefix("sm_").unwrap_or(s);
+        let digits = digits
+            .strip_suffix('a')
+            .or_else(|| digits.strip_suffix('f'))
+            .unwrap_or(digits);
         match digits.parse::<u32>() {
-            Ok(v) if (50..=130).contains(&v) => Ok(Arch(v)),
+            Ok(v) if (10..=999).contains(&v) => Ok(Arch(v)),
             _ => Err(format!("'{s}' is not an SM architecture like sm_90")),
         }
     }
+}
+
+/// The SM architectures the loaded NVRTC can compile for, ascending.
+pub fn supported_archs() -> Result<Vec<Arch>, CompileError> {
+    if !nvrtc_available() {
+        return Err(no_nvrtc());
+    }
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: the library is present (checked above); `n` is valid for writes.
+    let r = unsafe { nvrtc_sys::nvrtcGetNumSupportedArchs(&mut n) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || n <= 0 {
+        return Err(CompileError::NoNvrtc(format!(
+            "nvrtcGetNumSupportedArchs returned {r:?}"
+        )));
+    }
+    let mut v: Vec<std::ffi::c_int> = vec![0; n as usize];
+    // SAFETY: `v` holds the `n` elements NVRTC said it would write.
+    let r = unsafe { nvrtc_sys::nvrtcGetSupportedArchs(v.as_mut_ptr()) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CompileError::NoNvrtc(format!(
+            "nvrtcGetSupportedArchs returned {r:?}"
+        )));
+    }
+    let mut archs: Vec<Arch> = v.into_iter().map(|x| Arch(x as u32)).collect();
+    archs.sort();
+    archs.dedup();
+    Ok(archs)
+}
+
+/// Parses `--arch` and checks it against what the loaded NVRTC supports;
+/// the error names every valid value.
+pub fn parse_target_arch(s: &str) -> Result<Arch, String> {
+    let supported = supported_archs().map_err(|e| e.to_string())?;
+    let list = || {
+        let plain: Vec<String> = supported.iter().map(|a| a.to_string()).collect();
+        let specific: Vec<String> = supported
+            .iter()
+            .filter(|a| a.0 >= 90)
+            .map(|a| format!("{a}a"))
+            .collect();
+        format!("{} (and {})", plain.join(", "), specific.join(", "))
+    };
+    let a: Arch = s
+        .parse()
+        .map_err(|e: String| format!("{e}; NVRTC here targets {}", list()))?;
+    if s.ends_with('a') && a.0 < 90 {
+        return Err(format!(
+            "'{s}': arch-specific targets start at sm_90a; NVRTC here targets {}",
+            list()
+        ));
+    }
+    if !supported.contains(&a) {
+        return Err(format!(
+            "NVRTC {} cannot target '{s}'; it targets {}",
+            nvrtc_version()
+                .map(|(a, b)| format!("{a}.{b}"))
+                .unwrap_or_default(),
+            list()
+        ));
+    }
+    Ok(a)
 }
 
 /// Resources of one kernel function of a compiled module.
@@ -158,15 +228,19 @@ pub enum CompileError {
     },
 }
 
-/// `$GEMTUNE_CACHE`, else `~/.cache/gemtune/cubin`; `None` if neither can be
-/// determined.
+/// The cubin cache: `$GEMTUNE_CACHE_DIR`, else `$XDG_CACHE_HOME/gemtune/cubin`,
+/// else `~/.cache/gemtune/cubin`; `None` if none can be determined. Entries
+/// are keyed by source, defines, arch and NVRTC version, so a stale entry is
+/// never served; deleting the directory is always safe.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("GEMTUNE_CACHE") {
-        if !p.is_empty() {
-            return Some(PathBuf::from(p));
-        }
+    let var = |k: &str| std::env::var_os(k).filter(|p| !p.is_empty());
+    if let Some(p) = var("GEMTUNE_CACHE_DIR") {
+        return Some(PathBuf::from(p));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gemtune/cubin"))
+    if let Some(p) = var("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(p).join("gemtune/cubin"));
+    }
+    var("HOME").map(|h| PathBuf::from(h).join(".cache/gemtune/cubin"))
 }
 
 /// Whether the NVRTC shared library can be loaded.
@@ -193,11 +267,14 @@ pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
 }
 
 fn no_nvrtc() -> CompileError {
-    CompileError::NoNvrtc(
-        "libnvrtc.so could not be loaded; install it (pip install nvidia-cuda-nvrtc==13.0.88) \
-         and add its lib directory to LD_LIBRARY_PATH"
-            .into(),
-    )
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    CompileError::NoNvrtc(format!(
+        "libnvrtc.so / libnvrtc.so.13 is neither on LD_LIBRARY_PATH ({}) nor in the \
+         system library directories. Install it with \
+         `pip install nvidia-cuda-nvrtc==13.0.88` and put its lib directory on LD_LIBRARY_PATH \
+         (`. scripts/nvrtc-env.sh` does both)",
+        if path.is_empty() { "unset" } else { &path }
+    ))
 }
 
 /// NVRTC options used for every variant (besides defines and the arch).

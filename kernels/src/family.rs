@@ -229,7 +229,8 @@ impl Problem {
     }
 }
 
-/// How a variant's output is judged (see DESIGN §3).
+/// How a variant's output is judged against the CPU oracle (the README's
+/// kernel-family table gives each family's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Contract {
     /// Identical bits to the CPU replay of the kernel's defined algorithm.

@@ -84,15 +84,18 @@ fn run(gpu: &Gpu, d: &Defines, p: &AttnProblem) -> (Vec<f32>, u32) {
 fn windowed_kernel_visits_exactly_the_band_tiles() {
     let g = gpu();
     let f = family("attn_prefill").expect("registered");
-    for (p, bkv, wd) in [
-        (swa(1024, 0, 512), 64, 2),
-        (swa(300, 700, 512), 32, 4),
-        (swa(64, 1999, 512), 64, 2),
+    // (problem, BQ, BKV, WD): the count depends on the query tile, so the
+    // kernel and the analytic count are given the same one.
+    for (p, bq, bkv, wd) in [
+        (swa(1024, 0, 512), 64, 64, 2),
+        (swa(300, 700, 512), 32, 32, 4),
+        (swa(64, 1999, 512), 64, 64, 2),
     ] {
         for windowed in [0, 1] {
             let d = defines(
                 f,
                 &[
+                    ("BQ", bq),
                     ("BKV", bkv),
                     ("WD", wd),
                     ("WINDOWED", windowed),
@@ -102,7 +105,7 @@ fn windowed_kernel_visits_exactly_the_band_tiles() {
             );
             let (_, counted) = run(&g, &d, &p);
             let t = Tile {
-                bq: 64,
+                bq: bq as usize,
                 bkv: bkv as usize,
                 wd: wd as usize,
                 stages: 2,
@@ -112,7 +115,7 @@ fn windowed_kernel_visits_exactly_the_band_tiles() {
             assert_eq!(counted as u64, want, "windowed={windowed} on {p:?}");
         }
         let t = Tile {
-            bq: 64,
+            bq: bq as usize,
             bkv: bkv as usize,
             wd: wd as usize,
             stages: 2,

@@ -362,8 +362,11 @@ fn worker(e: &mut dyn Engine, model: &Model, path: &Path, args: &Args) -> anyhow
         .describe()
         .into_iter()
         .filter_map(|l| {
-            l.split_once(": ")
-                .map(|(a, b)| (a.to_string(), serde_json::json!(b)))
+            // "slot: family defines <- why": the slot's kernel, without the
+            // provenance, so that an arm's unchanged slots compare equal.
+            let (kernel, _why) = l.split_once(" <- ")?;
+            let (slot, kernel) = kernel.split_once(": ")?;
+            Some((slot.to_string(), serde_json::json!(kernel.trim())))
         })
         .collect();
     let ready = serde_json::json!({

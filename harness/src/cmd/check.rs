@@ -30,10 +30,12 @@ pub struct Args {
     /// Compile only (no GPU needed): registers, spills, shared memory per variant.
     #[arg(long)]
     pub compile_only: bool,
-    /// Target architecture for --compile-only (default sm_90); must match the GPU otherwise.
+    /// Target architecture for --compile-only (default sm_90): any that the
+    /// loaded NVRTC targets, sm_90a included; must match the GPU otherwise.
     #[arg(long)]
     pub arch: Option<String>,
-    /// Report directory (default reports/check-<timestamp>).
+    /// Report directory (default: target/gemtune/check-<timestamp> of the
+    /// checkout, printed; pass --out for a report to keep).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The variants/ directory (default: found from the current directory).
@@ -54,6 +56,11 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<Exit> {
+    // Without NVRTC nothing can be checked: one message, before any work.
+    if let Err(e) = gemtune_kernels::compile::nvrtc_version() {
+        eprintln!("error: {e}");
+        return Ok(Exit::Infra);
+    }
     let vdir = gemtune::spec::variants_dir(a.variants_dir.as_deref());
     let jobs = match checker::load_jobs(
         &vdir,
@@ -69,7 +76,12 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             return Ok(Exit::Infra);
         }
     };
-    let arch_arg: Option<Arch> = match a.arch.as_deref().map(str::parse::<Arch>).transpose() {
+    let arch_arg: Option<Arch> = match a
+        .arch
+        .as_deref()
+        .map(gemtune_kernels::compile::parse_target_arch)
+        .transpose()
+    {
         Ok(x) => x,
         Err(e) => {
             eprintln!("error: --arch: {e}");
@@ -109,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     let outcome = checker::run_check(&jobs, gpu.as_ref(), &opts, progress_printer());
     let out = a
         .out
-        .unwrap_or_else(|| PathBuf::from(format!("reports/check-{}", gemtune::util::timestamp())));
+        .unwrap_or_else(|| gemtune::scratch::default_out("check"));
     std::fs::create_dir_all(&out)?;
     print_table(&outcome.rows);
     let csv = out.join("check.csv");

@@ -56,7 +56,7 @@ pub struct Args {
     #[arg(long, allow_negative_numbers = true, value_parser = non_negative_f32)]
     pub temp: Option<f32>,
     /// Keep the K most likely tokens (0 = off); only with --temp.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in [0, 1] (1.0 = off); only with --temp.
     #[arg(long, allow_negative_numbers = true, value_parser = unit_f32)]
@@ -65,7 +65,7 @@ pub struct Args {
     #[arg(long, allow_negative_numbers = true, value_parser = unit_f32)]
     pub min_p: Option<f32>,
     /// Sampling seed (any u64).
-    #[arg(short = 's', long, default_value_t = 0)]
+    #[arg(short = 's', long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
     /// No chat template: `<bos>` + the prompt text.
     #[arg(long)]

@@ -63,7 +63,8 @@ pub struct Args {
     /// Only shapes whose name starts with this; repeatable.
     #[arg(long = "shape")]
     pub shape_filter: Vec<String>,
-    /// Report directory (default reports/tune-<family>-<timestamp>).
+    /// Report directory (default: target/gemtune/tune-<family>-<timestamp> of
+    /// the checkout, printed; pass --out for a report to keep).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Merge per-shape winners into <variants>/tuned/sm_XX.toml.
@@ -320,6 +321,10 @@ fn ref_ident(j: &RefJob) -> Ident<'_> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<Exit> {
+    if let Err(e) = gemtune_kernels::compile::nvrtc_version() {
+        eprintln!("error: {e}");
+        return Ok(Exit::Infra);
+    }
     let vdir = gemtune::spec::variants_dir(a.variants_dir.as_deref());
     let fams: Vec<String> = vec![a.family.clone()];
     let jobs = match checker::load_jobs(
@@ -348,11 +353,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         STOP.store(true, Ordering::SeqCst);
     });
     let out = a.out.clone().unwrap_or_else(|| {
-        PathBuf::from(format!(
-            "reports/tune-{}-{}",
-            a.family.replace(',', "+"),
-            gemtune::util::timestamp()
-        ))
+        gemtune::scratch::default_out(&format!("tune-{}", a.family.replace(',', "+")))
     });
     std::fs::create_dir_all(&out)?;
     let info = gpu.info().clone();

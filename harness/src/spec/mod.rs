@@ -141,6 +141,21 @@ pub fn load_family(
     name: &str,
 ) -> Result<(FamilySpec, &'static dyn Family), SpecError> {
     let path = vdir.join(format!("{name}.toml"));
+    if !path.exists() && gemtune_kernels::family::family(name).is_none() {
+        return Err(SpecError {
+            file: vdir.display().to_string(),
+            line: 0,
+            col: 0,
+            msg: format!(
+                "unknown family `{name}`; the families are {}",
+                gemtune_kernels::family::families()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
     let (label, text) = read(&path)?;
     let spec = FamilySpec::parse(&label, &text)?;
     if spec.family != name {

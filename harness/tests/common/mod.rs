@@ -17,6 +17,25 @@ pub fn gemtune_bin() -> PathBuf {
     }
 }
 
+/// A `gemtune` command whose cubin cache is the tests' own
+/// (`target/gemtune/test-cubin` of the checkout), never the user's: tests
+/// neither read stale entries a user left nor fill the user's cache.
+/// `scripts/compile-report.sh` reads the same directory, so its compiles
+/// hit what the compile gate just built.
+pub fn gemtune() -> std::process::Command {
+    let mut c = std::process::Command::new(gemtune_bin());
+    c.env("GEMTUNE_CACHE_DIR", test_cache_dir());
+    c
+}
+
+/// `target/gemtune/test-cubin` of the checkout.
+pub fn test_cache_dir() -> PathBuf {
+    repo_root()
+        .join("target")
+        .join("gemtune")
+        .join("test-cubin")
+}
+
 /// The repository root (the directory holding `variants/`).
 pub fn repo_root() -> PathBuf {
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

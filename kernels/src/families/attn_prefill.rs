@@ -32,7 +32,7 @@ impl Family for AttnPrefill {
             ("ALGO", 1i64),
             ("HEAD_DIM", 256),
             ("SCALAR_WARPS", 4),
-            ("BQ", 64),
+            ("BQ", 32),
             ("BKV", 32),
             ("WD", 4),
             ("STAGES", 2),

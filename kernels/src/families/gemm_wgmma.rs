@@ -72,7 +72,7 @@ impl Family for GemmWgmma {
         is_bf16(d)?;
         if lim.arch != WGMMA_ARCH {
             return Err(format!(
-                "wgmma needs {WGMMA_ARCH}a (Hopper); this device is {}",
+                "wgmma needs {WGMMA_ARCH}a (Hopper); the target is {}",
                 lim.arch
             ));
         }

@@ -1,6 +1,7 @@
 //! Vendor-library reference rows: the same matmul a family computes, done
 //! the way a user would do it instead, at the same shapes and in the same
-//! cache regimes, so every variant is judged against it (DESIGN §5).
+//! cache regimes, so every variant is judged against what a user would
+//! otherwise run.
 //!
 //! Problem convention as `MatmulProblem`: y[m][n] = sum_k x[m][k] * W[n][k],
 //! W quantized (Q8_0 / Q4_0). References:
