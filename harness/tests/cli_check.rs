@@ -160,7 +160,8 @@ fn bad_specs_exit_4_naming_file_and_line() {
     assert!(err.contains("nonexistent.toml: cannot read"), "{err}");
     let (code, err) = run_check(&vdir, &["no_such_family"]);
     assert_eq!(code, Some(4), "{err}");
-    assert!(err.contains("no_such_family.toml: cannot read"), "{err}");
+    assert!(err.contains("unknown family `no_such_family`"), "{err}");
+    assert!(err.contains("the families are "), "{err}");
 }
 
 /// `gemtune check` on the GPU over every family: a real E4B shape and the

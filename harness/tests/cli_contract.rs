@@ -62,6 +62,8 @@ fn fake_ab(env: &[(&str, &str)]) -> Output {
     let lab = tempfile::tempdir().unwrap();
     let prof = lab.path().join("variants/profiles");
     std::fs::create_dir_all(&prof).unwrap();
+    // variants/ is recognised by its profiles/ and shapes/ folders.
+    std::fs::create_dir_all(lab.path().join("variants/shapes")).unwrap();
     for p in ["main", "cand"] {
         std::fs::write(prof.join(format!("{p}.toml")), "# fake\n").unwrap();
     }
