@@ -31,6 +31,14 @@
 //!   pairing needs all four) unless `keep_throttled`; the judgement says how
 //!   many were dropped. `sw_power_cap` alone is recorded, not dropped: a
 //!   long prefill on an H100 sits at its power cap in every rep of both arms.
+//! - Stalls: a rep slower than its arm's median by more than
+//!   `STALL_SIGMAS` robust standard deviations (1.4826 x the median absolute
+//!   deviation of ln t/s over the arm's unthrottled reps) and by at least
+//!   `STALL_FLOOR` is a stall: the host or the device paused the run (a
+//!   2-25 ms hiccup in one prefill of an otherwise steady arm). Its block is
+//!   dropped like a throttled one and counted. The rule is one-sided and per
+//!   arm, so a consistent change of either arm is never taken for a stall;
+//!   an arm that is slow in many reps widens its own MAD instead.
 //! - Drift is estimated (a common log-linear slope over the sequence with an
 //!   intercept per arm) and reported; the unpaired ratio of medians is
 //!   reported beside the paired one, to show what the interleaving removed.
@@ -44,6 +52,15 @@ use std::fmt;
 
 /// Fewer usable blocks than this give AMBIGUOUS.
 pub const MIN_BLOCKS: usize = 3;
+
+/// A rep this many robust standard deviations below its arm's median
+/// (and at least `STALL_FLOOR` below it) is a stall.
+pub const STALL_SIGMAS: f64 = 5.0;
+/// The least slow-down that counts as a stall (0.02 = 2 % below the arm's
+/// median), so that arms with almost no spread do not drop ordinary reps.
+pub const STALL_FLOOR: f64 = 0.02;
+/// Stalls are only looked for in arms with at least this many reps.
+const STALL_MIN_REPS: usize = 4;
 
 /// Clock-event reasons that mark a rep throttled on their own (NVML names,
 /// as `gemtune_kernels::clocks::reason_names` writes them).
@@ -161,6 +178,8 @@ pub struct Judgement {
     pub blocks_used: usize,
     /// Blocks dropped because a rep in them was throttled.
     pub blocks_dropped: usize,
+    /// Blocks dropped because a rep in them stalled (and was not throttled).
+    pub blocks_stalled: usize,
     /// Throttled reps per arm (baseline, candidate), dropped or kept.
     pub throttled_reps: (usize, usize),
     pub drift: Drift,
@@ -283,6 +302,65 @@ pub fn aa_not_same_probability(ci: (f64, f64), n: usize, level: f64, d: f64) -> 
     2.0 * stats::normal_cdf(-room / se)
 }
 
+/// The blocks a verdict is judged on, and how many were dropped why.
+struct Usable<'a> {
+    used: Vec<&'a Block>,
+    /// Dropped for a throttled rep.
+    throttled: usize,
+    /// Dropped for a stalled rep (and no throttled one).
+    stalled: usize,
+}
+
+fn usable<'a>(blocks: &'a [Block], cfg: &VerdictConfig) -> Usable<'a> {
+    let stalls = stalled_blocks(blocks, cfg);
+    let mut u = Usable {
+        used: Vec::new(),
+        throttled: 0,
+        stalled: 0,
+    };
+    for (b, stall) in blocks.iter().zip(stalls) {
+        if !cfg.keep_throttled && b.throttled() {
+            u.throttled += 1;
+        } else if stall {
+            u.stalled += 1;
+        } else if b.log_ratio().is_finite() {
+            u.used.push(b);
+        }
+    }
+    u
+}
+
+/// Per block: does it hold a stalled rep (see the module comment)? The
+/// arms' medians and spreads come from the reps the verdict may use (not
+/// throttled, or all with `keep_throttled`).
+pub fn stalled_blocks(blocks: &[Block], cfg: &VerdictConfig) -> Vec<bool> {
+    let counts = |b: &Block| cfg.keep_throttled || !b.throttled();
+    let threshold = |arm: usize| -> Option<f64> {
+        let v: Vec<f64> = blocks
+            .iter()
+            .filter(|b| counts(b))
+            .flat_map(|b| if arm == 0 { b.a.iter() } else { b.b.iter() })
+            .map(|r| r.tps.ln())
+            .filter(|x| x.is_finite())
+            .collect();
+        if v.len() < STALL_MIN_REPS {
+            return None;
+        }
+        let med = stats::median(&v);
+        let dev: Vec<f64> = v.iter().map(|x| (x - med).abs()).collect();
+        let sigma = 1.4826 * stats::median(&dev);
+        Some(med - (STALL_SIGMAS * sigma).max((1.0 + STALL_FLOOR).ln()))
+    };
+    let (ta, tb) = (threshold(0), threshold(1));
+    // A throttled rep the caller chose to keep is judged, never a stall.
+    let slow =
+        |r: &RepSample, t: Option<f64>| r.throttle.is_empty() && t.is_some_and(|t| r.tps.ln() < t);
+    blocks
+        .iter()
+        .map(|b| counts(b) && (b.a.iter().any(|r| slow(r, ta)) || b.b.iter().any(|r| slow(r, tb))))
+        .collect()
+}
+
 /// Judges one test (prefill or decode) from its ABBA blocks.
 pub fn judge(blocks: &[Block], cfg: &VerdictConfig) -> Judgement {
     let throttled_reps = (
@@ -297,15 +375,11 @@ pub fn judge(blocks: &[Block], cfg: &VerdictConfig) -> Judgement {
             .filter(|r| !r.throttle.is_empty())
             .count(),
     );
-    let used: Vec<&Block> = blocks
-        .iter()
-        .filter(|b| cfg.keep_throttled || !b.throttled())
-        .filter(|b| b.log_ratio().is_finite())
-        .collect();
-    let dropped = blocks
-        .iter()
-        .filter(|b| !cfg.keep_throttled && b.throttled())
-        .count();
+    let Usable {
+        used,
+        throttled: dropped,
+        stalled,
+    } = usable(blocks, cfg);
     let logs: Vec<f64> = used.iter().map(|b| b.log_ratio()).collect();
     let med = |arm: usize| {
         let v: Vec<f64> = used
@@ -327,6 +401,7 @@ pub fn judge(blocks: &[Block], cfg: &VerdictConfig) -> Judgement {
         blocks_total: blocks.len(),
         blocks_used: used.len(),
         blocks_dropped: dropped,
+        blocks_stalled: stalled,
         throttled_reps,
         drift,
         unpaired_ratio: cand / base,
@@ -341,6 +416,13 @@ pub fn judge(blocks: &[Block], cfg: &VerdictConfig) -> Judgement {
                 "only {} of {} ABBA blocks are free of throttling (at least {MIN_BLOCKS} needed): \
                  the GPU throttled during the run; let it cool, check its power and clocks, or judge \
                  the throttled reps too with --keep-throttled",
+                used.len(),
+                blocks.len()
+            )
+        } else if stalled > 0 && blocks.len() >= MIN_BLOCKS {
+            format!(
+                "only {} of {} ABBA blocks are free of stalls (at least {MIN_BLOCKS} needed): \
+                 something else is using the GPU or the host; rerun on a quiet machine",
                 used.len(),
                 blocks.len()
             )
@@ -415,11 +497,7 @@ pub const UNEXPLAINED: &str = "unexplained";
 /// sorted by |delta|, then `unexplained` (total minus the phases) and the
 /// `total` itself (`RepSample::ms`).
 pub fn attribute(blocks: &[Block], cfg: &VerdictConfig) -> Vec<PhaseDelta> {
-    let used: Vec<&Block> = blocks
-        .iter()
-        .filter(|b| cfg.keep_throttled || !b.throttled())
-        .filter(|b| b.log_ratio().is_finite())
-        .collect();
+    let used = usable(blocks, cfg).used;
     if used.is_empty() {
         return Vec::new();
     }

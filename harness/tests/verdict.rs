@@ -24,6 +24,8 @@ struct Sim {
     drift: f64,
     /// Throttled (arm 0 baseline, 1 candidate; request index) -> slow-down.
     throttle: fn(usize, usize) -> Option<f64>,
+    /// Stalled, unflagged (arm, request index) -> slow-down.
+    stall: fn(usize, usize) -> Option<f64>,
     seed: u64,
 }
 
@@ -36,6 +38,7 @@ impl Default for Sim {
             noise: 0.003,
             drift: 0.0,
             throttle: |_, _| None,
+            stall: |_, _| None,
             seed: 1,
         }
     }
@@ -60,6 +63,9 @@ impl Sim {
             if let Some(slow) = (self.throttle)(arm, seq) {
                 tps *= slow;
                 throttle = "hw_slowdown".into();
+            }
+            if let Some(slow) = (self.stall)(arm, seq) {
+                tps *= slow;
             }
             // Two phases: "a" is 70 % of the baseline's time and carries
             // the whole effect, "b" 30 %.
@@ -334,6 +340,54 @@ fn throttle_flags_follow_reasons_and_clocks() {
     );
     assert_eq!(f[4], "sw_thermal");
     assert_eq!(throttle_flags(&["", ""], &[]), vec!["", ""]);
+}
+
+#[test]
+fn a_stalled_rep_is_dropped_with_its_block() {
+    // An A/A run whose baseline paused once for 6 % of a prefill (request 6,
+    // block 1): the block is dropped and the rest judged SAME.
+    let sim = Sim {
+        stall: |arm, seq| (arm == 0 && seq == 6).then_some(0.94),
+        ..Sim::default()
+    };
+    let j = judge(&sim.run(), &cfg());
+    assert_eq!(j.verdict, Verdict::Same, "{}", j.reason);
+    assert_eq!(
+        (j.blocks_used, j.blocks_stalled, j.blocks_dropped),
+        (5, 1, 0)
+    );
+    assert_eq!(
+        verdict::stalled_blocks(&sim.run(), &cfg()),
+        vec![false, true, false, false, false, false]
+    );
+    // A pause below the 2 % floor is noise, not a stall.
+    let small = Sim {
+        stall: |arm, seq| (arm == 0 && seq == 6).then_some(0.99),
+        ..Sim::default()
+    };
+    assert_eq!(judge(&small.run(), &cfg()).blocks_stalled, 0);
+}
+
+#[test]
+fn a_real_change_is_never_taken_for_stalls() {
+    // A consistent 5 % loss: every candidate rep is slow, none is a stall.
+    let sim = Sim {
+        effect: 0.95,
+        ..Sim::default()
+    };
+    let j = judge(&sim.run(), &cfg());
+    assert_eq!(j.verdict, Verdict::Slow, "{}", j.reason);
+    assert_eq!(j.blocks_stalled, 0);
+    // A candidate slow by 5 % in every other request: its spread is its own,
+    // so nothing is dropped and the run is not called SAME.
+    let sim = Sim {
+        stall: |arm, seq| (arm == 1 && seq % 2 == 0).then_some(0.95),
+        ..Sim::default()
+    };
+    let j = judge(&sim.run(), &cfg());
+    assert_eq!(j.blocks_stalled, 0, "{}", j.reason);
+    assert_ne!(j.verdict, Verdict::Same, "{}", j.reason);
+    assert_ne!(j.verdict, Verdict::Fast, "{}", j.reason);
 }
 
 #[test]

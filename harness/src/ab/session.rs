@@ -481,11 +481,13 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
                 &cfg.verdict,
             )
         };
+        let stalled = verdict::stalled_blocks(&blocks, &cfg.verdict);
         used_blocks.insert(
             phase,
             blocks
                 .iter()
-                .map(|b| cfg.verdict.keep_throttled || !b.throttled())
+                .zip(stalled)
+                .map(|(b, stall)| (cfg.verdict.keep_throttled || !b.throttled()) && !stall)
                 .collect(),
         );
         tests.push(TestResult {

@@ -227,8 +227,8 @@ pub fn summary_md(run: &AbRun, title: &str, method: &str) -> String {
         );
         let _ = writeln!(
             s,
-            "| blocks | {} used of {} ({} dropped for throttling) |",
-            j.blocks_used, j.blocks_total, j.blocks_dropped
+            "| blocks | {} used of {} ({} dropped for throttling, {} for a stalled rep) |",
+            j.blocks_used, j.blocks_total, j.blocks_dropped, j.blocks_stalled
         );
         let _ = writeln!(
             s,
@@ -350,6 +350,7 @@ struct JsonTest<'a> {
     blocks_used: usize,
     blocks_total: usize,
     blocks_dropped: usize,
+    blocks_stalled: usize,
     drift_over_run: f64,
     unpaired_ratio: f64,
     p_not_same_if_equal: f64,
@@ -394,6 +395,7 @@ pub fn verdict_json(run: &AbRun) -> String {
                 blocks_used: t.judgement.blocks_used,
                 blocks_total: t.judgement.blocks_total,
                 blocks_dropped: t.judgement.blocks_dropped,
+                blocks_stalled: t.judgement.blocks_stalled,
                 drift_over_run: t.judgement.drift.over_run,
                 unpaired_ratio: t.judgement.unpaired_ratio,
                 p_not_same_if_equal: t.judgement.p_not_same_if_equal,
@@ -456,7 +458,7 @@ pub fn write_plots(dir: &Path, run: &AbRun) -> anyhow::Result<Vec<PathBuf>> {
             .collect();
         if !dropped.is_empty() {
             series.push(Series {
-                label: "dropped (throttled block)".into(),
+                label: "dropped (throttled or stalled block)".into(),
                 points: dropped,
                 reference: true,
             });

@@ -238,13 +238,15 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             j.ci.1,
             j.baseline_tps,
             j.candidate_tps,
-            if j.blocks_dropped > 0 {
-                format!(
-                    "; {} of {} blocks dropped (throttled)",
-                    j.blocks_dropped, j.blocks_total
-                )
-            } else {
-                String::new()
+            match (j.blocks_dropped, j.blocks_stalled) {
+                (0, 0) => String::new(),
+                (t, 0) => format!("; {t} of {} blocks dropped (throttled)", j.blocks_total),
+                (0, st) => format!("; {st} of {} blocks dropped (stalled rep)", j.blocks_total),
+                (t, st) => format!(
+                    "; {} of {} blocks dropped ({t} throttled, {st} stalled)",
+                    t + st,
+                    j.blocks_total
+                ),
             }
         );
     }
