@@ -27,9 +27,9 @@ ab() { # name args...
     # 1 (SLOW) and 2 (AMBIGUOUS) are verdicts; 3 and 4 are failures.
     [[ $rc -lt 3 ]] || status=$rc
 }
-synth() { # variant wtype -> path
+synth() { # variant wtype -> path; flushed to disk before any timing
     local f=/tmp/$1-$2.gguf
-    "$bin" synth "$1" "$2" "$f" >/dev/null && echo "$f"
+    "$bin" synth "$1" "$2" "$f" >/dev/null && sync && echo "$f"
 }
 case $set_ in
 swa)

@@ -34,7 +34,9 @@ defines = { ALGO = 1, BQ = 64, BKV = 32, WD = 4, STAGES = 2, CP_ASYNC = 1, WINDO
 fallback = "attn_full_small"
 why = "the arm main's tile is measured against"
 TOML
-m() { gemtune synth "$1" "$2" "/tmp/$1-$2.gguf" > /dev/null && echo "/tmp/$1-$2.gguf"; }
+# sync: the 8-30 GB just written is flushed before timing starts (write-back
+# of dirty pages stalls the first test otherwise).
+m() { gemtune synth "$1" "$2" "/tmp/$1-$2.gguf" > /dev/null && sync && echo "/tmp/$1-$2.gguf"; }
 case $set_ in
   a)
     f=$(m e4b q8_0)
