@@ -826,6 +826,27 @@ mod tests {
         );
     }
 
+    /// The GPU parity fixture (engine/tests/cuda_parity.rs builds the same
+    /// model) runs on the CPU engine: finite logits over a short prefill.
+    #[test]
+    fn tiny_q4_0_d256_runs_on_the_cpu_engine() {
+        let model = tiny_q4_0_d256();
+        let mut c = crate::cpu::CpuEngine::new(
+            &model,
+            crate::cpu::CpuOptions {
+                max_seq: 16,
+                max_batch: 8,
+            },
+        )
+        .expect("cpu engine");
+        let toks: Vec<u32> = (300..310).collect();
+        let l = c
+            .forward(&toks, crate::cpu::LogitRows::All)
+            .expect("forward");
+        assert_eq!(l.n_rows(), toks.len());
+        assert!((0..l.n_rows()).all(|i| l.row(i).iter().all(|v| v.is_finite())));
+    }
+
     #[test]
     fn q8_0_embedding_keeps_the_converted_head_type() {
         let main = planner(Profile::load("main").expect("main"));
