@@ -2,7 +2,7 @@
 //
 // Computes y[t][r] = sum_k x[t][k] * W[r][k] for t < NT (NT = 1..8, one entry
 // per count: gemv_n1 .. gemv_n8), r < n, with W dequantized as d * q (Q6_K:
-// d * scale[k / 16] * (q - 32), the GGUF super-block rule). With
+// d * scale[(k % 256) / 16] * (q - 32), the GGUF super-block rule). With
 // FUSE=1 there are two matrices (gate G, up U) and y[t][r] = gelu_tanh(G x)
 // * (U x) (the Gemma FFN input half).
 //
@@ -18,8 +18,8 @@
 //      (bits 2u..2u+1) and the two scales at 192 + 2j: each 32-byte run is
 //      9 aligned 4-byte loads and funnel shifts (super-blocks sit at 2 mod 4
 //      every other one), so `wq` must be 4-byte aligned (device allocations
-//      are); the last word may reach 3 bytes past a run, always inside the
-//      super-block.
+//      are). The words reach at most 2 bytes before a run (inside the
+//      buffer) and 4 bytes past it (inside the super-block).
 //   1: planes repacked on the host: quants wq[n][k] (Q8_0, int8) or
 //      wq[n][k/2] (Q4_0, each 16-byte group = one block in GGUF nibble order:
 //      byte j holds element j in the low and j+16 in the high nibble), and
@@ -35,9 +35,10 @@
 // threads. The warps form WARPS/KSPLIT row groups of KSPLIT warps; a group
 // owns ROWS consecutive rows and its warps split k: warp s of the group
 // walks 16-byte chunks (LAYOUT 1, Q8_0: 16 elements; otherwise one
-// 32-element block, or a Q6_K super-block's 32-element chunk) s*32+lane, stepping 32*KSPLIT, UNROLL chunks' loads
-// issued before their math. Shuffles reduce each warp; with KSPLIT > 1 the
-// group's partial sums meet in shared memory.
+// 32-element block, or 32 elements of a Q6_K super-block) s*32+lane,
+// stepping 32*KSPLIT, UNROLL chunks' loads issued before their math.
+// Shuffles reduce each warp; with KSPLIT > 1 the group's partial sums meet
+// in shared memory.
 // Contract: ALGO 0: fp (reassociated f32 sums of exactly dequantized
 // weights; Q6_K's d * scale and (q - 32) are exact in f32, and the kernel
 // sums x * (q - 32) per 16-element scale group before the d * scale
