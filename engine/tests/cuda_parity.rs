@@ -14,6 +14,10 @@
 //!   a longer prefill.
 //! - Graph decode against `--no-graph`: bit-identical over 64 steps, with
 //!   the graph replayed; two runs bit-identical.
+//! - A Q4_0 model whose tied embedding is Q6_K (as in the published Q4_0
+//!   files): the head reads the table's Q6_K blocks with no converted copy;
+//!   `main` holds its bar, and the fp-contract kernels stay within strict's
+//!   1e-4.
 
 use gemtune_engine::cpu::{CpuEngine, CpuOptions, LogitRows, Logits};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
@@ -21,7 +25,7 @@ use gemtune_engine::engine::Engine;
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;
-use gemtune_engine::synth::{self, SynthOptions, SynthVariant, WeightType};
+use gemtune_engine::synth::{self, SynthModel, SynthOptions, SynthVariant, WeightType};
 use rand::{Rng, SeedableRng};
 
 fn tiny() -> Model {
@@ -44,6 +48,17 @@ fn e2b_shaped() -> Model {
     Model::from_gguf(GgufFile::from_bytes(bytes, "e2b-shaped").expect("gguf")).expect("load")
 }
 
+/// Tiny with d_model 256 in Q4_0: the embedding is written as Q6_K (rows
+/// of whole super-blocks), as published Q4_0 files store it.
+fn tiny_q4_0_q6k_embedding() -> Model {
+    let mut cfg = synth::preset(SynthVariant::Tiny);
+    cfg.d_model = 256;
+    let bytes = SynthModel::from_config(cfg, WeightType::Q4_0, 7)
+        .and_then(|s| s.write_to_vec())
+        .expect("synth tiny q4_0");
+    Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-q4_0-d256").expect("gguf")).expect("load")
+}
+
 fn prompt(model: &Model, n: usize, seed: u64) -> Vec<u32> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let v = model.vocab_size() as u32;
@@ -59,7 +74,18 @@ fn cuda<'m>(
     ubatch: usize,
     graph: bool,
 ) -> CudaEngine<'m> {
-    let mut o = CudaOptions::new(Profile::load(profile).expect("profile"));
+    let p = Profile::load(profile).expect("profile");
+    cuda_with(model, p, max_seq, ubatch, graph)
+}
+
+fn cuda_with(
+    model: &Model,
+    profile: Profile,
+    max_seq: usize,
+    ubatch: usize,
+    graph: bool,
+) -> CudaEngine<'_> {
+    let mut o = CudaOptions::new(profile);
     o.max_seq = max_seq;
     o.ubatch = ubatch;
     o.graph = graph;
@@ -118,10 +144,20 @@ fn agreement(gpu: &Logits, cpu: &Logits) -> Agreement {
 /// Prefill of `n_prefill` tokens (all rows) then decode steps to 256
 /// positions, on both engines; returns the agreement of every row.
 fn compare_engines(model: &Model, profile: &str, n_prefill: usize, ubatch: usize) -> Agreement {
+    let p = Profile::load(profile).expect("profile");
+    compare_engines_with(model, p, n_prefill, ubatch)
+}
+
+fn compare_engines_with(
+    model: &Model,
+    profile: Profile,
+    n_prefill: usize,
+    ubatch: usize,
+) -> Agreement {
     let total = 256;
     let toks = prompt(model, total, 11);
     let mut c = cpu(model, total);
-    let mut g = cuda(model, profile, total, ubatch, true);
+    let mut g = cuda_with(model, profile, total, ubatch, true);
     let lc = c
         .forward(&toks[..n_prefill], LogitRows::All)
         .expect("cpu prefill");
@@ -206,6 +242,59 @@ fn dp4a_profile_reports_its_error() {
         );
         assert!(a.top1 >= 0.99, "{name} dp4a: top-1 agreement {:.4}", a.top1);
     }
+}
+
+/// The head of a Q6_K-embedding model is served by the Q6_K GEMV on the
+/// embedding table's blocks, and nothing about it is converted at load.
+fn assert_native_q6k_head(e: &CudaEngine<'_>, what: &str) {
+    let lines = e.describe();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("gemv.head: gemv ") && l.contains("WTYPE=Q6_K")),
+        "{what}: no Q6_K head decision in\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("converted at load:") && l.contains("token_embd")),
+        "{what}: the head was converted:\n{}",
+        lines.join("\n")
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn main_profile_agrees_on_a_q4_0_model_with_a_q6_k_head() {
+    let m = tiny_q4_0_q6k_embedding();
+    assert_native_q6k_head(&cuda(&m, "main", 256, 128, true), "main");
+    let a = compare_engines(&m, "main", 200, 128);
+    eprintln!(
+        "tiny q4_0 (Q6_K head) main: worst rms_rel {:.3e}, top-1 {:.4}",
+        a.worst_rms, a.top1
+    );
+    assert!(a.worst_rms < 1e-2, "worst row rms_rel {:.3e}", a.worst_rms);
+    assert!(a.top1 >= 0.99, "top-1 agreement {:.4}", a.top1);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn q6k_head_keeps_the_fp_contract_on_a_q4_0_model() {
+    // strict with its f32-activation GEMV for the Q4_0 decode slots too
+    // (main's `gemv@Q4_0`, dp4a, would otherwise be inherited): every
+    // kernel is fp, so the Q6_K head, read exactly as the CPU engine reads
+    // it, must keep strict's 1e-4 (a head requantized to Q8_0 would not).
+    let text = "name = \"strict-q4\"\nbase = \"strict\"\n[slot.\"gemv@Q4_0\"]\nfamily = \"gemv\"\ndefines = { ALGO = 0, LAYOUT = 1, ROWS = 2, WARPS = 4, FUSE = 0, KSPLIT = 1, UNROLL = 1 }\n";
+    let profile = || Profile::parse("test:strict-q4", text).expect("profile");
+    let m = tiny_q4_0_q6k_embedding();
+    assert_native_q6k_head(&cuda_with(&m, profile(), 256, 64, true), "strict-q4");
+    let a = compare_engines_with(&m, profile(), 200, 64);
+    eprintln!(
+        "tiny q4_0 (Q6_K head) strict-q4: worst rms_rel {:.3e}, top-1 {:.4}",
+        a.worst_rms, a.top1
+    );
+    assert!(a.worst_rms < 1e-4, "worst row rms_rel {:.3e}", a.worst_rms);
 }
 
 #[test]

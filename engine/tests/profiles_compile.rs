@@ -49,7 +49,7 @@ fn every_profile_compiles_for_every_arch_on_every_model_shape() {
                 let cfg = synth::preset(v);
                 for wt in [WeightType::Q8_0, WeightType::Q4_0] {
                     let embd = wt.embedding_type(cfg.d_model as u64);
-                    let dims = ModelDims::from_config(&cfg, wt.matrix_type(), embd);
+                    let dims = ModelDims::from_config(&cfg, wt.matrix_type(), embd, &planner);
                     let max_seq = 8192.min(cfg.context_length);
                     let ub = DEFAULT_UBATCH.min(max_seq);
                     let mut rows: Vec<usize> = (1..=8).collect();

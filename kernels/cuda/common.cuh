@@ -28,6 +28,7 @@ typedef unsigned long long u64;
 // -DWTYPE=Q8_0 makes `WTYPE == Q8_0` a constant expression).
 #define Q8_0 8
 #define Q4_0 2
+#define Q6_K 14
 
 // ---- half / bfloat16 conversions (bit patterns held in u16 / u32) ----------
 DEVI float h2f(u16 h) {

@@ -14,7 +14,6 @@
 
 #define F32 0
 #define F16 1
-#define Q6_K 14
 #define BF16 30
 #if WTYPE != Q8_0 && WTYPE != Q4_0 && WTYPE != Q6_K && WTYPE != F16 && WTYPE != BF16 && WTYPE != F32
 #error "WTYPE must be Q8_0, Q4_0, Q6_K, F16, BF16 or F32"

@@ -1,13 +1,25 @@
-// gemv.cu: decode matmul for 1..8 tokens with Q8_0 / Q4_0 weights.
+// gemv.cu: decode matmul for 1..8 tokens with Q8_0 / Q4_0 / Q6_K weights.
 //
 // Computes y[t][r] = sum_k x[t][k] * W[r][k] for t < NT (NT = 1..8, one entry
-// per count: gemv_n1 .. gemv_n8), r < n, with W dequantized as d * q. With
+// per count: gemv_n1 .. gemv_n8), r < n, with W dequantized as d * q (Q6_K:
+// d * scale[(k % 256) / 16] * (q - 32), the GGUF super-block rule). With
 // FUSE=1 there are two matrices (gate G, up U) and y[t][r] = gelu_tanh(G x)
 // * (U x) (the Gemma FFN input half).
 //
 // Weights, per LAYOUT:
 //   0: GGUF blocks, row-major [n][k/32] blocks of 34 (Q8_0) / 18 (Q4_0) bytes,
 //      read with 2-byte loads (the blocks are only 2-byte aligned); wd unused.
+//      Q6_K (the tied LM head as Gemma 4 Q4_0 files store it): row-major
+//      [n][k/256] super-blocks of 210 bytes (ql[128] low nibbles, qh[64]
+//      2-bit high parts, scales[16] int8, d f16), read as they are in the
+//      file; ALGO 0, LAYOUT 0 and FUSE 0 only. A 32-element chunk j of a
+//      super-block (half h = j/4, quarter u = j%4) is 32 contiguous ql bytes
+//      at 64h + 32(u&1) (nibble u/2), 32 contiguous qh bytes at 128 + 32h
+//      (bits 2u..2u+1) and the two scales at 192 + 2j: each 32-byte run is
+//      9 aligned 4-byte loads and funnel shifts (super-blocks sit at 2 mod 4
+//      every other one), so `wq` must be 4-byte aligned (device allocations
+//      are). The words reach at most 2 bytes before a run (inside the
+//      buffer) and 4 bytes past it (inside the super-block).
 //   1: planes repacked on the host: quants wq[n][k] (Q8_0, int8) or
 //      wq[n][k/2] (Q4_0, each 16-byte group = one block in GGUF nibble order:
 //      byte j holds element j in the low and j+16 in the high nibble), and
@@ -23,15 +35,18 @@
 // threads. The warps form WARPS/KSPLIT row groups of KSPLIT warps; a group
 // owns ROWS consecutive rows and its warps split k: warp s of the group
 // walks 16-byte chunks (LAYOUT 1, Q8_0: 16 elements; otherwise one
-// 32-element block) s*32+lane, stepping 32*KSPLIT, UNROLL chunks' loads
-// issued before their math. Shuffles reduce each warp; with KSPLIT > 1 the
-// group's partial sums meet in shared memory.
+// 32-element block, or 32 elements of a Q6_K super-block) s*32+lane,
+// stepping 32*KSPLIT, UNROLL chunks' loads issued before their math.
+// Shuffles reduce each warp; with KSPLIT > 1 the group's partial sums meet
+// in shared memory.
 // Contract: ALGO 0: fp (reassociated f32 sums of exactly dequantized
-// weights). ALGO 1: approx against the f64 oracle (Q8_1 activation noise) and
+// weights; Q6_K's d * scale and (q - 32) are exact in f32, and the kernel
+// sums x * (q - 32) per 16-element scale group before the d * scale
+// multiply). ALGO 1: approx against the f64 oracle (Q8_1 activation noise) and
 // tight against the CPU replay of the Q8_1 activations.
 //
 // Defines:
-//   WTYPE   weight type: Q8_0 | Q4_0
+//   WTYPE   weight type: Q8_0 | Q4_0 | Q6_K (Q6_K: ALGO 0, LAYOUT 0, FUSE 0)
 //   ALGO    0 = dequant + fp32 FMA on f32 activations, 1 = dp4a on Q8_1 activations
 //   LAYOUT  0 = GGUF blocks (2-byte loads), 1 = aligned planes (16-byte loads)
 //   ROWS    rows per warp (1..8)
@@ -70,8 +85,11 @@
 
 #include "common.cuh"
 
-#if WTYPE != Q8_0 && WTYPE != Q4_0
-#error "WTYPE must be Q8_0 or Q4_0"
+#if WTYPE != Q8_0 && WTYPE != Q4_0 && WTYPE != Q6_K
+#error "WTYPE must be Q8_0, Q4_0 or Q6_K"
+#endif
+#if WTYPE == Q6_K && (ALGO != 0 || LAYOUT != 0 || FUSE != 0)
+#error "Q6_K weights need ALGO=0, LAYOUT=0 and FUSE=0"
 #endif
 
 #define NMAT (FUSE ? 2 : 1)
@@ -79,7 +97,7 @@
 #if LAYOUT == 1 && WTYPE == Q8_0
 #define CHUNK 16
 #define CWORDS 4
-#elif WTYPE == Q8_0
+#elif WTYPE == Q8_0 || WTYPE == Q6_K
 #define CHUNK 32
 #define CWORDS 8
 #else
@@ -87,10 +105,36 @@
 #define CWORDS 4
 #endif
 
+// Q6_K: w holds the 32 6-bit quants (0..63) one per byte, d and d2 the
+// d * scale of the chunk's two 16-element groups.
 struct Chunk {
     u32 w[CWORDS];
     float d;
+#if WTYPE == Q6_K
+    float d2;
+#endif
 };
+
+#if WTYPE == Q6_K
+// The 32 bytes at p (2-byte aligned) as 8 little-endian words: 9 aligned
+// loads, then funnel shifts by the misalignment (0 or 16 bits).
+DEVI void ld32_a2(const u8* p, u32 (&w)[8]) {
+    const u32* a = reinterpret_cast<const u32*>((u64)p & ~(u64)3);
+    const u32 sh = ((u32)(u64)p & 3u) * 8u;
+    u32 v[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) v[i] = __ldg(a + i);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
+
+// Byte b (a 6-bit quant) of w minus 32 as a float, without I2F: PRMT builds
+// 0x4B0000qq = 2^23 + q and one FADD removes 2^23 + 32 (exact). I2F has a
+// quarter of FADD's throughput, and a lane converts 32 values per 26 bytes.
+DEVI float q6f(u32 w, int b) {
+    return __int_as_float((int)__byte_perm(w, 0x4B000000u, 0x7440u | (u32)b)) - 8388640.0f;
+}
+#endif
 
 // Loads chunk c (elements c*CHUNK ..) of row `row`.
 DEVI Chunk load_chunk(const u8* __restrict__ wq, const u16* __restrict__ wd, int row, int c, int k) {
@@ -105,6 +149,22 @@ DEVI Chunk load_chunk(const u8* __restrict__ wq, const u16* __restrict__ wd, int
 #endif
     ch.w[0] = v.x; ch.w[1] = v.y; ch.w[2] = v.z; ch.w[3] = v.w;
     ch.d = h2f(__ldg(wd + (u64)row * nb + b));
+#elif WTYPE == Q6_K
+    (void)wd;
+    const int j = c % 8, h = j / 4, u = j % 4;
+    const u8* blk = wq + ((u64)row * (k / 256) + c / 8) * 210;
+    u32 lo[8], hi[8];
+    ld32_a2(blk + 64 * h + 32 * (u & 1), lo);
+    ld32_a2(blk + 128 + 32 * h, hi);
+    const u32 sc = __ldg(reinterpret_cast<const u16*>(blk + 192 + 2 * j));
+    const float d = h2f(__ldg(reinterpret_cast<const u16*>(blk + 208)));
+    const int ls = 4 * (u >> 1), hs = 2 * u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ch.w[i] = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (((hi[i] >> hs) & 0x03030303u) << 4);
+    ch.d = d * (float)(i8)(sc & 0xffu);
+    ch.d2 = d * (float)(i8)(sc >> 8);
+    (void)nb;
+    (void)b;
 #else
     const int bsz = WTYPE == Q8_0 ? 34 : 18;
     const u16* bp = reinterpret_cast<const u16*>(wq + ((u64)row * nb + b) * bsz);
@@ -116,6 +176,23 @@ DEVI Chunk load_chunk(const u8* __restrict__ wq, const u16* __restrict__ wd, int
 }
 
 #if ALGO == 0
+#if WTYPE == Q6_K
+// sum_i w_i * x_i over the chunk: the two 16-element scale groups summed
+// apart, then scaled.
+DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
+    float s[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < CWORDS; ++i) {
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const u32 w = ch.w[i];
+        s[i / 4] = fmaf(q6f(w, 0), xv.x, s[i / 4]);
+        s[i / 4] = fmaf(q6f(w, 1), xv.y, s[i / 4]);
+        s[i / 4] = fmaf(q6f(w, 2), xv.z, s[i / 4]);
+        s[i / 4] = fmaf(q6f(w, 3), xv.w, s[i / 4]);
+    }
+    return ch.d * s[0] + ch.d2 * s[1];
+}
+#else
 // sum_i w_i * x_i over the chunk, x at element offset e of one token row.
 DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     float s = 0.f;
@@ -147,6 +224,7 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
 #endif
     return ch.d * s;
 }
+#endif
 #else
 // Integer dot of the chunk with the Q8_1 activations of one token, scaled.
 DEVI float chunk_dot_q8(const Chunk& ch, const i8* __restrict__ xqr, const float2* __restrict__ xdsr, int e) {

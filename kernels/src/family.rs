@@ -398,19 +398,29 @@ fn wrong_kind(want: ProblemKind, got: &Problem) -> String {
 }
 
 /// Checks that the WTYPE define matches the problem's weight type and that
-/// the type is one the families implement.
+/// the type is one the families implement (Q8_0, Q4_0; Q6_K for the GEMV,
+/// see `check_block32_wtype`).
 pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, String> {
     let w = crate::defines::get_str(d, "WTYPE")?;
     let wt = match w.as_str() {
         "Q8_0" => WType::Q8_0,
         "Q4_0" => WType::Q4_0,
-        other if other.eq_ignore_ascii_case("q8_0") || other.eq_ignore_ascii_case("q4_0") => {
+        "Q6_K" => WType::Q6K,
+        other
+            if ["q8_0", "q4_0", "q6_k"]
+                .iter()
+                .any(|n| other.eq_ignore_ascii_case(n)) =>
+        {
             return Err(format!(
                 "WTYPE={other}: write it in upper case ({}), the kernel compares macro names",
                 other.to_ascii_uppercase()
             ))
         }
-        other => return Err(format!("WTYPE={other}: only Q8_0 and Q4_0 are implemented")),
+        other => {
+            return Err(format!(
+                "WTYPE={other}: only Q8_0, Q4_0 and (gemv) Q6_K are implemented"
+            ))
+        }
     };
     if wt.ggml() != mp.wtype {
         return Err(format!(
@@ -418,10 +428,12 @@ pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, Stri
             mp.wtype.name()
         ));
     }
-    if mp.k % 32 != 0 || mp.k == 0 {
+    let blk = wt.block_elems();
+    if mp.k % blk != 0 || mp.k == 0 {
         return Err(format!(
-            "k={} is not a positive multiple of the 32-element block",
-            mp.k
+            "k={} is not a positive multiple of the {blk}-element {} block",
+            mp.k,
+            wt.ggml().name()
         ));
     }
     if mp.m == 0 || mp.n == 0 {
@@ -430,17 +442,35 @@ pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, Stri
     Ok(wt)
 }
 
+/// `check_wtype` for the families that read 32-element blocks repacked into
+/// planes (mmq, gemm_dq, gemm_wgmma): Q6_K's 256-element super-blocks have
+/// no plane layout, so it is rejected with the family that serves it.
+pub(crate) fn check_block32_wtype(
+    family: &str,
+    d: &Defines,
+    mp: &MatmulProblem,
+) -> Result<WType, String> {
+    match check_wtype(d, mp)? {
+        WType::Q6K => Err(format!(
+            "WTYPE=Q6_K: {family} reads Q8_0 and Q4_0 quant planes; Q6_K super-blocks are read by the gemv family only (ALGO=0, LAYOUT=0, FUSE=0)"
+        )),
+        wt => Ok(wt),
+    }
+}
+
 /// The WTYPE define value for a weight type ("Q8_0", "Q4_0": the macro
 /// names the kernels compare against, upper case).
 pub fn wtype_define(t: GgmlType) -> crate::defines::DefineValue {
     crate::defines::DefineValue::Str(t.name().to_ascii_uppercase())
 }
 
-/// The weight types the matmul families implement.
+/// The weight types the matmul families implement. Q6_K (GGML's 256-element
+/// super-blocks) is read only by the gemv family, as GGUF blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WType {
     Q8_0,
     Q4_0,
+    Q6K,
 }
 
 impl WType {
@@ -448,13 +478,32 @@ impl WType {
         match self {
             WType::Q8_0 => GgmlType::Q8_0,
             WType::Q4_0 => GgmlType::Q4_0,
+            WType::Q6K => GgmlType::Q6K,
         }
     }
-    /// Bytes of quants per 32-element block (scales apart).
+    /// The weight type of a GGML type, if the matmul families read it.
+    pub fn of(t: GgmlType) -> Option<WType> {
+        [WType::Q8_0, WType::Q4_0, WType::Q6K]
+            .into_iter()
+            .find(|w| w.ggml() == t)
+    }
+    /// Elements per GGUF block (k must be a multiple).
+    pub fn block_elems(self) -> usize {
+        self.ggml().block_size()
+    }
+    /// Bytes of one GGUF row of `k` elements (`k` a multiple of
+    /// `block_elems`).
+    pub fn row_bytes(self, k: usize) -> usize {
+        k / self.block_elems() * self.ggml().type_size()
+    }
+    /// Bytes of quants per 32 elements (scales apart): the stride of a
+    /// quant plane. Q6_K has no plane layout; its 24 (ql and qh bytes of
+    /// 32 elements) is for byte counts only.
     pub fn quant_bytes_per_block(self) -> usize {
         match self {
             WType::Q8_0 => 32,
             WType::Q4_0 => 16,
+            WType::Q6K => 24,
         }
     }
 }

@@ -118,6 +118,36 @@ fn defaults_compile_for_every_arch_without_spills() {
     }
 }
 
+/// The Q6_K GEMV (the tied head of Q4_0 files) compiles without spills on
+/// every architecture at the points the profiles and the spec use, and Q6_K
+/// with a dp4a, plane or fused define set stops at the source's guard.
+#[test]
+fn gemv_q6k_compiles_without_spills() {
+    require_nvrtc();
+    let f = gemtune_kernels::family("gemv").unwrap();
+    for arch in [Arch(80), Arch(89), Arch(90)] {
+        for (rows, warps, unroll) in [(1i64, 4i64, 1i64), (2, 4, 1), (2, 2, 1)] {
+            let mut d = f.default_defines(GgmlType::Q6K);
+            d.insert("ROWS".into(), rows.into());
+            d.insert("WARPS".into(), warps.into());
+            d.insert("UNROLL".into(), unroll.into());
+            let what = format!("{arch} gemv Q6_K ROWS={rows} WARPS={warps} UNROLL={unroll}");
+            let cv = compile(f, &d, arch, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(cv.functions.len(), 8, "{what}: gemv_n1..gemv_n8");
+            for fr in &cv.functions {
+                assert_eq!(fr.spill_bytes, 0, "{what}: {} spills", fr.name);
+                println!("{what}: {} regs {}", fr.name, fr.registers);
+            }
+        }
+        for (name, v) in [("ALGO", 1i64), ("LAYOUT", 1), ("FUSE", 1)] {
+            let mut d = f.default_defines(GgmlType::Q6K);
+            d.insert(name.into(), v.into());
+            let e = compile(f, &d, arch, None).expect_err(name).to_string();
+            assert!(e.contains("Q6_K weights need ALGO=0"), "{name}: {e}");
+        }
+    }
+}
+
 /// The cubin's attributes and ptxas's log agree, kernel for kernel, on
 /// every family's defaults: the fallback used when the log is incomplete
 /// gives the numbers the log would have.

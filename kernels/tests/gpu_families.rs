@@ -135,6 +135,45 @@ fn gemv_variants_pass() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// The Q6_K GEMV (the tied head of Q4_0 files: GGUF super-blocks, f32
+/// activations, fp contract) on one and two super-blocks per row (most
+/// lanes idle), odd row counts, a real head width, and the split-K and
+/// unroll paths; rows per block that do not divide n.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_q6k_variants_pass() {
+    let gpu = gpu();
+    let f = family("gemv").unwrap();
+    let wt = GgmlType::Q6K;
+    let shapes: Vec<Problem> = [1usize, 2, 3, 5, 8]
+        .iter()
+        .flat_map(|&m| {
+            [(1001usize, 256usize), (37, 512), (1024, 2560), (77, 1536)]
+                .map(|(n, k)| Problem::matmul(m, n, k, wt))
+        })
+        .collect();
+    let mut bad = Vec::new();
+    for (rows, warps, ksplit, unroll) in [
+        (2, 4, 1, 1),
+        (1, 4, 1, 1),
+        (4, 2, 1, 2),
+        (1, 8, 2, 4),
+        (3, 8, 8, 1),
+    ] {
+        let d = with(
+            f.default_defines(wt),
+            &[
+                ("ROWS", i(rows)),
+                ("WARPS", i(warps)),
+                ("KSPLIT", i(ksplit)),
+                ("UNROLL", i(unroll)),
+            ],
+        );
+        bad.extend(check_all(&gpu, f, &d, &shapes));
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 fn gemm_variants(name: &str) -> Vec<Vec<(&'static str, DefineValue)>> {
     if name == "gemm_wgmma" {
         return vec![

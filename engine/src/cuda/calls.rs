@@ -7,7 +7,7 @@
 //! profile or tuned entry that names something a device cannot run fails in
 //! CI, not on a GPU.
 
-use gemtune_kernels::bind::matmul::MatmulBinding;
+use gemtune_kernels::bind::matmul::{MatmulBinding, WeightLayout};
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::defines::DefineValue;
 use gemtune_kernels::family::{AttnProblem, KvType, Problem, RowsProblem};
@@ -46,8 +46,14 @@ pub struct LayerDims {
 impl ModelDims {
     /// Shapes of a model whose projection matrices are stored as `matrix`
     /// and whose embedding tables as `embd` (the synthetic files' layout),
-    /// after the engine's load-time conversions.
-    pub fn from_config(cfg: &Gemma4Config, matrix: GgmlType, embd: GgmlType) -> ModelDims {
+    /// after the engine's load-time conversions under `planner`'s profile
+    /// (which decides whether the tied head reads Q6_K as it is).
+    pub fn from_config(
+        cfg: &Gemma4Config,
+        matrix: GgmlType,
+        embd: GgmlType,
+        planner: &Planner,
+    ) -> ModelDims {
         let dev = super::weights::device_type(matrix).ggml();
         let d = cfg.d_model;
         let p = cfg.ple_dim;
@@ -82,12 +88,40 @@ impl ModelDims {
         };
         ModelDims {
             layers,
-            head: (cfg.vocab_size, d, super::weights::device_type(embd).ggml()),
+            head: (
+                cfg.vocab_size,
+                d,
+                head_type(planner, embd, cfg.vocab_size, d),
+            ),
             ple_model_proj: (p > 0).then_some((cfg.n_layers * p, d, dev)),
             embd_type: readable(embd),
             ple_type: (p > 0).then_some(readable(embd)),
             vocab: cfg.vocab_size,
         }
+    }
+}
+
+/// The weight type the tied head (`token_embd`, `n` x `k`, stored as
+/// `embd`) is read as: Q6_K as it is in the file when `gemv.head` resolves,
+/// at every row count the head runs (1..=GEMV_MAX_ROWS), to a variant that
+/// reads Q6_K GGUF blocks; otherwise the load-time device type (Q8_0 or
+/// Q4_0), converted.
+pub fn head_type(planner: &Planner, embd: GgmlType, n: usize, k: usize) -> GgmlType {
+    let converted = super::weights::device_type(embd).ggml();
+    if embd != GgmlType::Q6K || planner.vendor("gemv.head") {
+        return converted;
+    }
+    let native = (1..=GEMV_MAX_ROWS).all(|m| {
+        planner
+            .resolve("gemv.head", &Problem::matmul(m, n, k, GgmlType::Q6K), &[])
+            .ok()
+            .and_then(|(f, d, _)| MatmulBinding::of(f.name(), &d).ok())
+            .is_some_and(|b| b.layout == WeightLayout::GgufBlocks)
+    });
+    if native {
+        GgmlType::Q6K
+    } else {
+        converted
     }
 }
 

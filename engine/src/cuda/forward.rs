@@ -29,6 +29,9 @@ pub(super) const KINDS: &[&str] = &["qkv", "o", "gate_up", "down", "ple", "head"
 /// the variants serving its slots at the token counts the engine runs.
 pub(super) struct KindLayouts {
     pub by_kind: Vec<(&'static str, Layouts)>,
+    /// The tied head reads `token_embd`'s Q6_K blocks, the embedding
+    /// table's device copy (`calls::head_type`): no copy of its own.
+    pub head_native: bool,
 }
 
 impl KindLayouts {
@@ -41,8 +44,9 @@ impl KindLayouts {
     }
 }
 
-/// A representative matrix of each kind (for planning before upload).
-fn kind_matrix(model: &Model, kind: &str) -> Option<(usize, usize, GgmlType)> {
+/// A representative matrix of each kind (for planning before upload), with
+/// the weight type its kernels read.
+fn kind_matrix(planner: &Planner, model: &Model, kind: &str) -> Option<(usize, usize, GgmlType)> {
     let w = model.weights();
     let l0 = w.layers.first()?;
     let dims = |m: &MatRef| (m.n_out, m.n_in, weights::device_type(m.ty).ggml());
@@ -55,7 +59,14 @@ fn kind_matrix(model: &Model, kind: &str) -> Option<(usize, usize, GgmlType)> {
         }
         "down" => dims(&l0.ffn_down),
         "ple" => dims(&w.ple.as_ref()?.model_proj),
-        "head" => dims(&w.token_embd),
+        "head" => {
+            let t = &w.token_embd;
+            (
+                t.n_out,
+                t.n_in,
+                super::calls::head_type(planner, t.ty, t.n_out, t.n_in),
+            )
+        }
         _ => return None,
     })
 }
@@ -68,9 +79,13 @@ pub(super) fn plan_layouts(
 ) -> Result<KindLayouts, super::PlanError> {
     let _ = cfg;
     let mut by_kind = Vec::new();
+    let mut head_native = false;
     for &kind in KINDS {
         let mut l = Layouts::default();
-        if let Some((n, k, t)) = kind_matrix(model, kind) {
+        if let Some((n, k, t)) = kind_matrix(planner, model, kind) {
+            if kind == "head" {
+                head_native = t == GgmlType::Q6K;
+            }
             let mut ms: Vec<usize> = (1..=GEMV_MAX_ROWS).collect();
             if kind != "head" {
                 ms.extend([16, 64, 512, 2048, 4096, ubatch]);
@@ -95,7 +110,10 @@ pub(super) fn plan_layouts(
         }
         by_kind.push((kind, l));
     }
-    Ok(KindLayouts { by_kind })
+    Ok(KindLayouts {
+        by_kind,
+        head_native,
+    })
 }
 
 pub(super) fn slot_for(kind: &str, m: usize) -> String {
@@ -135,7 +153,10 @@ pub(super) fn planned_bytes(
             b += mat(&p.inp_gate, "ple") + mat(&p.proj, "ple");
         }
     }
-    b += model.mat_bytes(&w.token_embd).len() as u64 + mat(&w.token_embd, "head");
+    b += model.mat_bytes(&w.token_embd).len() as u64;
+    if !lay.head_native {
+        b += mat(&w.token_embd, "head");
+    }
     if let Some(p) = &w.ple {
         b += model.mat_bytes(&p.token_embd).len() as u64 + mat(&p.model_proj, "ple");
     }
@@ -265,13 +286,29 @@ pub(super) fn upload_weights(
         });
     }
     let embd = upload_table(gpu, model, &w.token_embd, launch::EMBED_TYPES)?;
-    let head = upload_matrix(
-        gpu,
-        model,
-        "token_embd (head)",
-        &[&w.token_embd],
-        lay.get("head"),
-    )?;
+    let head = if lay.head_native {
+        if embd.ty != GgmlType::Q6K {
+            return Err(GpuError::Other(format!(
+                "token_embd: the head was planned on Q6_K blocks, the table is {}",
+                embd.ty.name()
+            )));
+        }
+        GpuMatrix::shared_blocks(
+            "token_embd (head)",
+            w.token_embd.n_out,
+            w.token_embd.n_in,
+            gemtune_kernels::family::WType::Q6K,
+            embd.buf.clone(),
+        )?
+    } else {
+        upload_matrix(
+            gpu,
+            model,
+            "token_embd (head)",
+            &[&w.token_embd],
+            lay.get("head"),
+        )?
+    };
     note(&head);
     let (ple_table, ple_model_proj, ple_proj_norm) = match &w.ple {
         Some(p) => {
@@ -716,5 +753,116 @@ impl CudaEngine<'_> {
                 0
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::profile::Profile;
+    use crate::synth::{self, SynthModel, SynthVariant, WeightType};
+    use gemtune_kernels::compile::Arch;
+    use gemtune_kernels::family::DeviceLimits;
+
+    /// The tiny model with d_model 256 in Q4_0: its embedding is Q6_K, as
+    /// in the published Q4_0 files.
+    fn tiny_q4_0_d256() -> Model {
+        let mut cfg = synth::preset(SynthVariant::Tiny);
+        cfg.d_model = 256;
+        let bytes = SynthModel::from_config(cfg, WeightType::Q4_0, 5)
+            .and_then(|s| s.write_to_vec())
+            .expect("synth");
+        Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-q4_0-d256").expect("gguf"))
+            .expect("load")
+    }
+
+    fn planner(profile: Profile) -> Planner {
+        Planner::new(profile, None, DeviceLimits::for_arch(Arch(90)))
+    }
+
+    #[test]
+    fn q6k_head_reads_the_embedding_blocks_and_plans_no_copy() {
+        let model = tiny_q4_0_d256();
+        let w = model.weights();
+        assert_eq!(w.token_embd.ty, GgmlType::Q6K);
+        let cfg = model.config();
+        let kv = KvType::F16;
+        for name in ["main", "strict", "dp4a", "cublas"] {
+            let p = planner(Profile::load(name).expect("profile"));
+            let lay = plan_layouts(&p, cfg, &model, 64).expect("layouts");
+            assert!(lay.head_native, "{name}: the Q6_K head is read as it is");
+            assert_eq!(
+                lay.get("head"),
+                Layouts {
+                    blocks: true,
+                    ..Layouts::default()
+                },
+                "{name}"
+            );
+        }
+        // A profile whose Q6_K head entry cannot read Q6_K converts the
+        // head to Q8_0 planes, as before, and plans that copy.
+        let text = "name = \"no-q6k\"\nbase = \"main\"\n[slot.\"gemv.head@Q6_K\"]\nfamily = \"gemv\"\ndefines = { ALGO = 0, LAYOUT = 1, ROWS = 2, WARPS = 2, FUSE = 0, KSPLIT = 1, UNROLL = 1 }\n";
+        let conv = planner(Profile::parse("test:no-q6k", text).expect("profile"));
+        let lay_c = plan_layouts(&conv, cfg, &model, 64).expect("layouts");
+        assert!(!lay_c.head_native);
+        assert!(lay_c.get("head").planes_f16);
+        let main = planner(Profile::load("main").expect("main"));
+        let lay = plan_layouts(&main, cfg, &model, 64).expect("layouts");
+        let native = planned_bytes(cfg, &model, &lay, 256, 64, kv);
+        let converted = planned_bytes(cfg, &model, &lay_c, 256, 64, kv);
+        let head_copy = weights::planned_bytes(
+            w.token_embd.ty,
+            w.token_embd.n_out,
+            w.token_embd.n_in,
+            lay_c.get("head"),
+        );
+        assert!(head_copy > 0);
+        assert_eq!(
+            converted - native,
+            head_copy,
+            "the saved copy is the head's planes"
+        );
+    }
+
+    /// The GPU parity fixture (engine/tests/cuda_parity.rs builds the same
+    /// model) runs on the CPU engine: finite logits over a short prefill.
+    #[test]
+    fn tiny_q4_0_d256_runs_on_the_cpu_engine() {
+        let model = tiny_q4_0_d256();
+        let mut c = crate::cpu::CpuEngine::new(
+            &model,
+            crate::cpu::CpuOptions {
+                max_seq: 16,
+                max_batch: 8,
+            },
+        )
+        .expect("cpu engine");
+        let toks: Vec<u32> = (300..310).collect();
+        let l = c
+            .forward(&toks, crate::cpu::LogitRows::All)
+            .expect("forward");
+        assert_eq!(l.n_rows(), toks.len());
+        assert!((0..l.n_rows()).all(|i| l.row(i).iter().all(|v| v.is_finite())));
+    }
+
+    #[test]
+    fn q8_0_embedding_keeps_the_converted_head_type() {
+        let main = planner(Profile::load("main").expect("main"));
+        let (n, k) = (262144, 2560);
+        assert_eq!(
+            super::super::calls::head_type(&main, GgmlType::Q6K, n, k),
+            GgmlType::Q6K
+        );
+        assert_eq!(
+            super::super::calls::head_type(&main, GgmlType::Q8_0, n, k),
+            GgmlType::Q8_0
+        );
+        // An embedding type the kernels do not read at all converts.
+        assert_eq!(
+            super::super::calls::head_type(&main, GgmlType::F16, n, k),
+            GgmlType::Q8_0
+        );
     }
 }

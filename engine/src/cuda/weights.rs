@@ -13,7 +13,11 @@
 //!   at most 1/254 of its 32-block's largest magnitude, on top of the
 //!   file's own quantization. `describe` lists every converted matrix.
 //! - The token embedding (gathered by the `embed` kernel) and the PLE table
-//!   stay in their GGUF bytes; the tied head reads `token_embd` as planes.
+//!   stay in their GGUF bytes. The tied head reads `token_embd`'s own Q6_K
+//!   super-blocks, the embed kernel's copy (no second one), when the
+//!   profile's `gemv.head` slot resolves to the Q6_K GEMV at every row count
+//!   (`calls::head_type`); otherwise it reads its own planes or blocks of
+//!   the device type, converted as above.
 //! - Norm weights are f32 vectors, the layer scalars one f32 array.
 
 use gemtune_kernels::bind::matmul::{ScaleType, WeightLayout, Weights};
@@ -23,6 +27,7 @@ use gemtune_kernels::family::WType;
 use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
 use gemtune_kernels::quant::{dequantize_row, quantize_row, GgmlType};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 use crate::model::{MatRef, Model};
 
@@ -61,11 +66,46 @@ pub struct GpuMatrix {
     q: Option<DeviceBuffer>,
     d16: Option<DeviceBuffer>,
     d32: Option<DeviceBuffer>,
-    blocks: Option<DeviceBuffer>,
+    blocks: Option<Arc<DeviceBuffer>>,
+    /// `blocks` is another owner's buffer (the embedding table the tied
+    /// head shares): not counted in `bytes`.
+    blocks_shared: bool,
     bf16: Option<DeviceBuffer>,
 }
 
 impl GpuMatrix {
+    /// A matrix read as GGUF blocks from a buffer that another owner also
+    /// reads (and accounts for): the tied head on the embedding table.
+    pub fn shared_blocks(
+        name: &str,
+        n: usize,
+        k: usize,
+        wtype: WType,
+        blocks: Arc<DeviceBuffer>,
+    ) -> Result<GpuMatrix, GpuError> {
+        let need = n * wtype.row_bytes(k);
+        if k % wtype.block_elems() != 0 || blocks.bytes() < need {
+            return Err(GpuError::Other(format!(
+                "{name}: {} bytes cannot hold {n} rows of {k} {} elements ({need} bytes)",
+                blocks.bytes(),
+                wtype.ggml().name()
+            )));
+        }
+        Ok(GpuMatrix {
+            name: name.to_string(),
+            n,
+            k,
+            wtype,
+            converted_from: Vec::new(),
+            q: None,
+            d16: None,
+            d32: None,
+            blocks: Some(blocks),
+            blocks_shared: true,
+            bf16: None,
+        })
+    }
+
     /// Device addresses of rows `r0..` of the matrix in `layout`.
     pub fn weights_from(&self, layout: WeightLayout, r0: usize) -> Result<Weights, GpuError> {
         let nb = self.k / 32;
@@ -79,7 +119,7 @@ impl GpuMatrix {
             WeightLayout::GgufBlocks => {
                 let b = self.blocks.as_ref().ok_or_else(missing)?;
                 Weights {
-                    q: b.ptr() + (r0 * nb * self.wtype.ggml().type_size()) as u64,
+                    q: b.ptr() + (r0 * self.wtype.row_bytes(self.k)) as u64,
                     d: NULL,
                 }
             }
@@ -100,13 +140,19 @@ impl GpuMatrix {
     pub fn bf16(&self) -> Option<&DeviceBuffer> {
         self.bf16.as_ref()
     }
-    /// Device bytes of every copy.
+    /// Device bytes of every copy this matrix owns (a shared block buffer
+    /// is its owner's).
     pub fn bytes(&self) -> u64 {
-        [&self.q, &self.d16, &self.d32, &self.blocks, &self.bf16]
+        let own_blocks = match &self.blocks {
+            Some(b) if !self.blocks_shared => b.bytes() as u64,
+            _ => 0,
+        };
+        [&self.q, &self.d16, &self.d32, &self.bf16]
             .iter()
             .filter_map(|b| b.as_ref())
             .map(|b| b.bytes() as u64)
-            .sum()
+            .sum::<u64>()
+            + own_blocks
     }
     /// Bytes of the bf16 copy alone (the cuBLAS profile's extra memory).
     pub fn bf16_bytes(&self) -> u64 {
@@ -215,6 +261,7 @@ pub fn upload_matrix(
         d16: None,
         d32: None,
         blocks: None,
+        blocks_shared: false,
         bf16: None,
     };
     if layouts.planes_f16 || layouts.planes_f32 {
@@ -248,15 +295,16 @@ pub fn upload_matrix(
         m.bf16 = Some(gpu.upload(&h)?);
     }
     if layouts.blocks {
-        m.blocks = Some(gpu.upload(&gguf)?);
+        m.blocks = Some(Arc::new(gpu.upload(&gguf)?));
     }
     Ok(m)
 }
 
-/// A tensor uploaded as its GGUF bytes (embedding tables).
+/// A tensor uploaded as its GGUF bytes (embedding tables). `buf` is shared
+/// with the tied head when it reads the table's Q6_K blocks.
 pub struct GpuTable {
     pub ty: GgmlType,
-    pub buf: DeviceBuffer,
+    pub buf: Arc<DeviceBuffer>,
 }
 
 pub fn upload_table(
@@ -269,11 +317,11 @@ pub fn upload_table(
         let q = device_blocks(model, &[m], WType::Q8_0)?;
         return Ok(GpuTable {
             ty: GgmlType::Q8_0,
-            buf: gpu.upload(&q)?,
+            buf: Arc::new(gpu.upload(&q)?),
         });
     }
     Ok(GpuTable {
         ty: m.ty,
-        buf: gpu.upload(model.mat_bytes(m))?,
+        buf: Arc::new(gpu.upload(model.mat_bytes(m))?),
     })
 }

@@ -15,7 +15,8 @@ use crate::gpu::KArg;
 /// How a weight matrix `[n][k]` sits in device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightLayout {
-    /// GGUF blocks as in the file (Q8_0: 34 bytes, Q4_0: 18 bytes per 32).
+    /// GGUF blocks as in the file (Q8_0: 34 bytes, Q4_0: 18 bytes per 32,
+    /// Q6_K: 210 bytes per 256).
     GgufBlocks,
     /// A quant plane (`[n][k]` int8 for Q8_0, `[n][k/2]` nibbles in GGUF
     /// block order for Q4_0) and a scale plane `[n][k/32]` in `scales`.
@@ -257,7 +258,7 @@ impl MatmulBinding {
     pub fn weight_bytes(&self, wt: crate::family::WType, n: usize, k: usize) -> (usize, usize) {
         let nb = n * k / 32;
         match self.layout {
-            WeightLayout::GgufBlocks => (nb * wt.ggml().type_size(), 0),
+            WeightLayout::GgufBlocks => (n * wt.row_bytes(k), 0),
             WeightLayout::Planes { scales } => (
                 nb * wt.quant_bytes_per_block(),
                 nb * match scales {

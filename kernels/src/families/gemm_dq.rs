@@ -13,7 +13,7 @@ use crate::bind::{Act, NULL};
 use crate::check::Tolerance;
 use crate::defines::{defines, get_str, DefineValue, Defines};
 use crate::family::{
-    check_wtype, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
+    check_block32_wtype, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
 };
 use crate::gpu::{Gpu, GpuError};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
@@ -76,7 +76,7 @@ impl Family for GemmDq {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
-        let wt = check_wtype(d, mp)?;
+        let wt = check_block32_wtype(self.name(), d, mp)?;
         is_bf16(d)?;
         let t = read_tiles(d, lim, 8)?;
         let stage = t.bm * pad16(2 * t.bk) + t.bn * pad16(bkw(wt, t.bk)) + 4 * t.bn * (t.bk / 32);
@@ -136,7 +136,7 @@ pub(crate) fn dq_workload(
     seed: u64,
 ) -> Result<Box<dyn Workload>, GpuError> {
     let mp = matmul_of(p).map_err(GpuError::Rejected)?;
-    let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
+    let wt = check_block32_wtype(f.name(), d, mp).map_err(GpuError::Rejected)?;
     let bf16 = is_bf16(d).map_err(GpuError::Rejected)?;
     let (m, n, k) = (mp.m, mp.n, mp.k);
     // gemm_dq and gemm_wgmma compute the same function from one input

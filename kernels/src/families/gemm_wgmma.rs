@@ -11,8 +11,8 @@ use crate::check::Tolerance;
 use crate::compile::Arch;
 use crate::defines::{defines, DefineValue, Defines};
 use crate::family::{
-    check_wtype, int_in, int_range, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry,
-    Problem,
+    check_block32_wtype, int_in, int_range, matmul_of, Contract, DeviceLimits, Family,
+    LaunchGeometry, Problem,
 };
 use crate::gpu::{Gpu, GpuError};
 use crate::quant::GgmlType;
@@ -68,7 +68,7 @@ impl Family for GemmWgmma {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
-        let wt = check_wtype(d, mp)?;
+        let wt = check_block32_wtype(self.name(), d, mp)?;
         is_bf16(d)?;
         if lim.arch != WGMMA_ARCH {
             return Err(format!(

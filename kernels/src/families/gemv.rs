@@ -1,5 +1,7 @@
 //! `gemv`: decode matmul (1..8 tokens), Q8_0/Q4_0 weights, f32 or Q8_1
-//! activations, optional gate+up+GELU fusion. See kernels/cuda/gemv.cu.
+//! activations, optional gate+up+GELU fusion; Q6_K weights (the tied LM
+//! head of Q4_0 files) as GGUF super-blocks with f32 activations. See
+//! kernels/cuda/gemv.cu.
 
 use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs,
@@ -11,7 +13,7 @@ use crate::check::Tolerance;
 use crate::defines::{defines, DefineValue, Defines};
 use crate::family::{
     check_wtype, int_in, int_range, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry,
-    Problem,
+    Problem, WType,
 };
 use crate::gpu::{Gpu, GpuError};
 use crate::quant::GgmlType;
@@ -36,9 +38,11 @@ impl Family for Gemv {
         "gemv.cu"
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
+        // Q6_K has one path: f32 activations over the GGUF super-blocks.
+        let q6k = (wtype == GgmlType::Q6K) as i64;
         let mut d = defines([
-            ("ALGO", 1i64),
-            ("LAYOUT", 1),
+            ("ALGO", 1 - q6k),
+            ("LAYOUT", 1 - q6k),
             ("ROWS", 2),
             ("WARPS", 4),
             ("FUSE", 0),
@@ -89,10 +93,31 @@ impl Family for Gemv {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
-        check_wtype(d, mp)?;
-        int_in(d, "ALGO", &[0, 1])?;
-        int_in(d, "LAYOUT", &[0, 1])?;
-        int_in(d, "FUSE", &[0, 1])?;
+        let wt = check_wtype(d, mp)?;
+        let algo = int_in(d, "ALGO", &[0, 1])?;
+        let layout = int_in(d, "LAYOUT", &[0, 1])?;
+        let fuse = int_in(d, "FUSE", &[0, 1])?;
+        if wt == WType::Q6K {
+            // The kernel reads Q6_K super-blocks in one form only.
+            if algo != 0 {
+                return Err(
+                    "Q6_K weights need ALGO=0 (f32 activations): there is no dp4a path over 6-bit quants"
+                        .into(),
+                );
+            }
+            if layout != 0 {
+                return Err(
+                    "Q6_K weights need LAYOUT=0 (GGUF super-blocks): Q6_K has no plane layout"
+                        .into(),
+                );
+            }
+            if fuse != 0 {
+                return Err(
+                    "Q6_K weights need FUSE=0: the fused gate+up form reads Q8_0/Q4_0 FFN matrices"
+                        .into(),
+                );
+            }
+        }
         let rows = int_range(d, "ROWS", 1, 8)?;
         let warps = int_range(d, "WARPS", 1, 32)?;
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
@@ -226,5 +251,154 @@ impl Family for Gemv {
                 OpKind::IntOp
             },
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::DeviceLimits;
+    use crate::quant::{dequantize_row, quantize_row};
+
+    /// The Q6_K chunk decode of gemv.cu replayed on the CPU with the same
+    /// byte offsets, aligned word loads and shifts: every weight must equal
+    /// the CPU dequantization bit for bit, and no word load may leave its
+    /// super-block (past the end) or reach further back than the 2 bytes
+    /// the alignment rounds down.
+    #[test]
+    fn q6k_chunk_decode_replays_the_dequantization() {
+        let (n, k) = (3usize, 768usize);
+        let mut rng = super::super::rng_for("gemv-q6k-replay", &[n, k], 1);
+        let f = super::super::random_matrix(&mut rng, n, k);
+        let rb = WType::Q6K.row_bytes(k);
+        let mut gguf = vec![0u8; n * rb + 4];
+        let mut deq = vec![0f32; n * k];
+        for r in 0..n {
+            quantize_row(
+                GgmlType::Q6K,
+                &f[r * k..(r + 1) * k],
+                &mut gguf[r * rb..(r + 1) * rb],
+            )
+            .expect("quantize");
+            dequantize_row(
+                GgmlType::Q6K,
+                &gguf[r * rb..(r + 1) * rb],
+                &mut deq[r * k..(r + 1) * k],
+            )
+            .expect("dequantize");
+        }
+        let word = |a: usize| u32::from_le_bytes([gguf[a], gguf[a + 1], gguf[a + 2], gguf[a + 3]]);
+        let u16_at = |a: usize| u16::from_le_bytes([gguf[a], gguf[a + 1]]);
+        // ld32_a2: 9 aligned words, funnel-shifted by the misalignment.
+        let ld32 = |p: usize, blk: usize| -> [u32; 8] {
+            assert_eq!(p % 2, 0, "runs are 2-byte aligned");
+            let (a, sh) = (p & !3, (p & 3) * 8);
+            assert!(a + 36 <= blk + 210, "a word load leaves the super-block");
+            assert!(a + 2 >= p, "reads at most 2 bytes before the run");
+            let v: Vec<u32> = (0..9).map(|i| word(a + 4 * i)).collect();
+            let mut w = [0u32; 8];
+            for i in 0..8 {
+                w[i] = ((((v[i + 1] as u64) << 32) | v[i] as u64) >> sh) as u32;
+            }
+            w
+        };
+        let mut seen_misaligned = false;
+        for row in 0..n {
+            for c in 0..k / 32 {
+                let (j, h) = (c % 8, c % 8 / 4);
+                let u = j % 4;
+                let blk = (row * (k / 256) + c / 8) * 210;
+                seen_misaligned |= blk % 4 == 2;
+                let lo = ld32(blk + 64 * h + 32 * (u & 1), blk);
+                let hi = ld32(blk + 128 + 32 * h, blk);
+                let sc = u16_at(blk + 192 + 2 * j) as u32;
+                let d = crate::quant::blocks::f16_to_f32(u16_at(blk + 208));
+                let (ls, hs) = (4 * (u >> 1), 2 * u);
+                let ds = [
+                    d * ((sc & 0xff) as u8 as i8) as f32,
+                    d * ((sc >> 8) as u8 as i8) as f32,
+                ];
+                for i in 0..8 {
+                    let w = ((lo[i] >> ls) & 0x0F0F_0F0F) | (((hi[i] >> hs) & 0x0303_0303) << 4);
+                    for b in 0..4 {
+                        // q6f: 2^23 + q as f32 bits, minus 2^23 + 32.
+                        let q = (w >> (8 * b)) & 0xff;
+                        let qf = f32::from_bits(0x4B00_0000 | q) - 8_388_640.0;
+                        assert_eq!(qf, q as f32 - 32.0);
+                        let e = 4 * i + b as usize;
+                        let got = ds[e / 16] * qf;
+                        let want = deq[row * k + c * 32 + e];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "row {row} chunk {c} element {e}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            seen_misaligned,
+            "the test must cover super-blocks at 2 mod 4"
+        );
+    }
+
+    #[test]
+    fn q6k_takes_the_fp_path_on_gguf_blocks_only() {
+        let f = Gemv;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let p = Problem::matmul(1, 262144, 2560, GgmlType::Q6K);
+        let d = f.default_defines(GgmlType::Q6K);
+        let g = f.validate(&d, &p, &lim).expect("Q6_K defaults validate");
+        assert_eq!(g.kernel, "gemv_n1");
+        assert_eq!(f.contract(&d), Contract::Fp);
+        let b = MatmulBinding::of("gemv", &d).expect("bind");
+        assert_eq!(b.layout, crate::bind::matmul::WeightLayout::GgufBlocks);
+        assert_eq!(b.act, ActFormat::F32);
+        assert_eq!(b.weight_bytes(WType::Q6K, 262144, 2560), (262144 * 2100, 0));
+        for (name, v, why) in [
+            ("ALGO", 1i64, "ALGO=0"),
+            ("LAYOUT", 1, "LAYOUT=0"),
+            ("FUSE", 1, "FUSE=0"),
+        ] {
+            let mut bad = d.clone();
+            bad.insert(name.into(), DefineValue::Int(v));
+            let e = f.validate(&bad, &p, &lim).expect_err(name);
+            assert!(e.starts_with("Q6_K weights need") && e.contains(why), "{e}");
+        }
+        let e = f
+            .validate(&d, &Problem::matmul(1, 64, 2592, GgmlType::Q6K), &lim)
+            .expect_err("k not whole super-blocks");
+        assert!(e.contains("256-element q6_K block"), "{e}");
+        let mut lower = d.clone();
+        lower.insert("WTYPE".into(), DefineValue::Str("q6_k".into()));
+        let e = f.validate(&lower, &p, &lim).expect_err("lower case");
+        assert!(e.contains("write it in upper case (Q6_K)"), "{e}");
+    }
+
+    #[test]
+    fn other_matmul_families_and_references_reject_q6k() {
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let p = Problem::matmul(256, 1024, 2560, GgmlType::Q6K);
+        for name in ["mmq", "gemm_dq", "gemm_wgmma"] {
+            let f = crate::family::family(name).expect("registered");
+            let d = f.default_defines(GgmlType::Q6K);
+            let e = f.validate(&d, &p, &lim).expect_err(name);
+            assert!(
+                e.starts_with(&format!("WTYPE=Q6_K: {name} reads Q8_0 and Q4_0")),
+                "{name}: {e}"
+            );
+        }
+        for r in crate::reference::references_for("gemv") {
+            let e = r
+                .supports(&crate::family::MatmulProblem {
+                    m: 1,
+                    n: 1024,
+                    k: 2560,
+                    wtype: GgmlType::Q6K,
+                })
+                .expect_err("reference");
+            assert!(e.contains("q6_K"), "{e}");
+        }
     }
 }

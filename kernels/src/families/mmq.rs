@@ -11,7 +11,7 @@ use crate::bind::{Act, ActFormat};
 use crate::check::Tolerance;
 use crate::defines::{defines, Defines};
 use crate::family::{
-    check_wtype, int_in, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
+    check_block32_wtype, int_in, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
 };
 use crate::gpu::{Gpu, GpuError};
 use crate::quant::GgmlType;
@@ -66,7 +66,7 @@ impl Family for Mmq {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
-        let wt = check_wtype(d, mp)?;
+        let wt = check_block32_wtype(self.name(), d, mp)?;
         int_in(d, "EPI", &[0, 1])?;
         let t = read_tiles(d, lim, 8)?;
         let kb = t.bk / 32;
@@ -82,7 +82,7 @@ impl Family for Mmq {
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
         let mp = matmul_of(p).map_err(GpuError::Rejected)?;
-        let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
+        let wt = check_block32_wtype(self.name(), d, mp).map_err(GpuError::Rejected)?;
         let (m, n, k) = (mp.m, mp.n, mp.k);
         let inputs = seeded_inputs(self.name(), &[m, n, k, wt as usize], wt, m, n, k, 1, seed)?;
         let w = &inputs.w[0];

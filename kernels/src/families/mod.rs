@@ -61,9 +61,10 @@ pub(crate) fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> V
 pub(crate) struct QWeights {
     pub gguf: Vec<u8>,
     pub deq: Vec<f32>,
-    /// Q8_0: int8 [n][k]; Q4_0: [n][k/2] in GGUF nibble order per block.
+    /// Q8_0: int8 [n][k]; Q4_0: [n][k/2] in GGUF nibble order per block;
+    /// Q6_K: empty (no plane layout).
     pub qplane: Vec<u8>,
-    /// f16 bits [n][k/32].
+    /// f16 bits [n][k/32]; empty for Q6_K.
     pub dplane_f16: Vec<u16>,
 }
 
@@ -76,7 +77,7 @@ pub(crate) fn make_weights(
     use rayon::prelude::*;
     let ty = wt.ggml();
     let f = random_matrix(rng, n, k);
-    let row_bytes = ty.type_size() * k / 32;
+    let row_bytes = wt.row_bytes(k);
     let mut gguf = vec![0u8; n * row_bytes];
     let mut deq = vec![0f32; n * k];
     gguf.par_chunks_mut(row_bytes.max(1))
@@ -130,8 +131,13 @@ pub(crate) fn seeded_inputs(
     })
 }
 
-/// Splits GGUF blocks into a quant plane and an f16 scale plane.
+/// Splits GGUF blocks into a quant plane and an f16 scale plane. Q6_K has
+/// no plane layout (its kernels read the GGUF super-blocks): both planes
+/// come back empty.
 pub fn to_planes(wt: WType, gguf: &[u8], n: usize, k: usize) -> (Vec<u8>, Vec<u16>) {
+    if wt == WType::Q6K {
+        return (Vec::new(), Vec::new());
+    }
     let bsz = wt.ggml().type_size();
     let qb = wt.quant_bytes_per_block();
     let nb = k / 32;

@@ -74,6 +74,8 @@ pub(crate) fn bkw(wt: WType, bk: usize) -> usize {
     match wt {
         WType::Q8_0 => bk,
         WType::Q4_0 => bk / 2,
+        // 6 bits per weight; the tiled families reject Q6_K before tiling.
+        WType::Q6K => bk * 3 / 4,
     }
 }
 

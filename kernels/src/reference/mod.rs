@@ -164,7 +164,9 @@ impl RefKind {
     }
 }
 
-/// The matmul families' weight type for a GGML type (Q8_0, Q4_0).
+/// The weight type of a GGML type the references repack (Q8_0, Q4_0: the
+/// types every matmul family reads; Q6_K, read by one GEMV variant, has no
+/// reference rows).
 fn wtype_of(t: GgmlType) -> Option<WType> {
     [WType::Q8_0, WType::Q4_0]
         .into_iter()
@@ -268,6 +270,7 @@ pub fn int8_weights(wt: GgmlType, gguf: &[u8], n: usize, k: usize) -> Result<Vec
                 out.extend(qs[..16].iter().map(|&b| (b & 0x0f) as i8 - 8));
                 out.extend(qs[..16].iter().map(|&b| (b >> 4) as i8 - 8));
             }
+            WType::Q6K => return Err("Q6_K has no per-32 int8 quants to repack".into()),
         }
     }
     Ok(out)
