@@ -205,6 +205,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
     ("dp4a", include_str!("../../variants/profiles/dp4a.toml")),
     ("mmq", include_str!("../../variants/profiles/mmq.toml")),
+    (
+        "q6k-head",
+        include_str!("../../variants/profiles/q6k-head.toml"),
+    ),
 ];
 
 fn slot_group(slot: &str) -> &str {

@@ -266,25 +266,34 @@ fn assert_native_q6k_head(e: &CudaEngine<'_>, what: &str) {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn main_profile_agrees_on_a_q4_0_model_with_a_q6_k_head() {
+fn q6k_head_profile_agrees_on_a_q4_0_model() {
     let m = tiny_q4_0_q6k_embedding();
-    assert_native_q6k_head(&cuda(&m, "main", 256, 128, true), "main");
-    let a = compare_engines(&m, "main", 200, 128);
+    assert_native_q6k_head(&cuda(&m, "q6k-head", 256, 128, true), "q6k-head");
+    let a = compare_engines(&m, "q6k-head", 200, 128);
     eprintln!(
-        "tiny q4_0 (Q6_K head) main: worst rms_rel {:.3e}, top-1 {:.4}",
+        "tiny q4_0 (Q6_K head) q6k-head: worst rms_rel {:.3e}, top-1 {:.4}",
         a.worst_rms, a.top1
     );
-    assert!(a.worst_rms < 1e-2, "worst row rms_rel {:.3e}", a.worst_rms);
+    // On Q4_0 weights main (and so q6k-head) decodes on dp4a over Q8_1
+    // activations (its `gemv@Q4_0`, the approx contract: 1.4e-2 on tiny, as
+    // the dp4a profile test reports), so the bar here is the dp4a one; the
+    // head's own fp contract is held to 1e-4 by the next test.
+    assert!(
+        a.worst_rms < 2.5e-2,
+        "worst row rms_rel {:.3e}",
+        a.worst_rms
+    );
     assert!(a.top1 >= 0.99, "top-1 agreement {:.4}", a.top1);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn q6k_head_keeps_the_fp_contract_on_a_q4_0_model() {
-    // strict with its f32-activation GEMV for the Q4_0 decode slots too
-    // (main's `gemv@Q4_0`, dp4a, would otherwise be inherited): every
-    // kernel is fp, so the Q6_K head, read exactly as the CPU engine reads
-    // it, must keep strict's 1e-4 (a head requantized to Q8_0 would not).
+    // strict, with its FMA GEMV for the Q4_0 decode slots restated here so
+    // the test does not depend on how strict overrides main's dp4a
+    // `gemv@Q4_0`: every kernel is fp, so the Q6_K head, read exactly as the
+    // CPU engine reads it, must keep strict's 1e-4 (a head requantized to
+    // Q8_0 would not).
     let text = "name = \"strict-q4\"\nbase = \"strict\"\n[slot.\"gemv@Q4_0\"]\nfamily = \"gemv\"\ndefines = { ALGO = 0, LAYOUT = 1, ROWS = 2, WARPS = 4, FUSE = 0, KSPLIT = 1, UNROLL = 1 }\n";
     let profile = || Profile::parse("test:strict-q4", text).expect("profile");
     let m = tiny_q4_0_q6k_embedding();

@@ -788,7 +788,7 @@ mod tests {
         assert_eq!(w.token_embd.ty, GgmlType::Q6K);
         let cfg = model.config();
         let kv = KvType::F16;
-        for name in ["main", "strict", "dp4a", "cublas"] {
+        for name in ["q6k-head", "strict"] {
             let p = planner(Profile::load(name).expect("profile"));
             let lay = plan_layouts(&p, cfg, &model, 64).expect("layouts");
             assert!(lay.head_native, "{name}: the Q6_K head is read as it is");
@@ -801,15 +801,19 @@ mod tests {
                 "{name}"
             );
         }
-        // A profile whose Q6_K head entry cannot read Q6_K converts the
-        // head to Q8_0 planes, as before, and plans that copy.
-        let text = "name = \"no-q6k\"\nbase = \"main\"\n[slot.\"gemv.head@Q6_K\"]\nfamily = \"gemv\"\ndefines = { ALGO = 0, LAYOUT = 1, ROWS = 2, WARPS = 2, FUSE = 0, KSPLIT = 1, UNROLL = 1 }\n";
-        let conv = planner(Profile::parse("test:no-q6k", text).expect("profile"));
+        // main (and the profiles based on it that leave the head alone)
+        // reads planes there, so the head is converted to Q8_0 planes and
+        // that copy is planned.
+        for name in ["main", "dp4a", "cublas"] {
+            let p = planner(Profile::load(name).expect("profile"));
+            let lay = plan_layouts(&p, cfg, &model, 64).expect("layouts");
+            assert!(!lay.head_native, "{name}: the Q6_K head is converted");
+            assert!(lay.get("head").planes_f16, "{name}");
+        }
+        let conv = planner(Profile::load("main").expect("main"));
         let lay_c = plan_layouts(&conv, cfg, &model, 64).expect("layouts");
-        assert!(!lay_c.head_native);
-        assert!(lay_c.get("head").planes_f16);
-        let main = planner(Profile::load("main").expect("main"));
-        let lay = plan_layouts(&main, cfg, &model, 64).expect("layouts");
+        let native_p = planner(Profile::load("q6k-head").expect("q6k-head"));
+        let lay = plan_layouts(&native_p, cfg, &model, 64).expect("layouts");
         let native = planned_bytes(cfg, &model, &lay, 256, 64, kv);
         let converted = planned_bytes(cfg, &model, &lay_c, 256, 64, kv);
         let head_copy = weights::planned_bytes(
@@ -850,10 +854,16 @@ mod tests {
     #[test]
     fn q8_0_embedding_keeps_the_converted_head_type() {
         let main = planner(Profile::load("main").expect("main"));
+        let native = planner(Profile::load("q6k-head").expect("q6k-head"));
         let (n, k) = (262144, 2560);
         assert_eq!(
-            super::super::calls::head_type(&main, GgmlType::Q6K, n, k),
+            super::super::calls::head_type(&native, GgmlType::Q6K, n, k),
             GgmlType::Q6K
+        );
+        // main's head slot reads planes: the Q6_K head is requantized.
+        assert_eq!(
+            super::super::calls::head_type(&main, GgmlType::Q6K, n, k),
+            GgmlType::Q8_0
         );
         assert_eq!(
             super::super::calls::head_type(&main, GgmlType::Q8_0, n, k),

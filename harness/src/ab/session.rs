@@ -32,6 +32,9 @@ pub struct AbConfig {
     pub phase_blocks: usize,
     /// Warm-up rounds (one rep of each arm per round), discarded.
     pub warmup: usize,
+    /// Restart both arms' workers before every ABBA block after the first
+    /// (each restart followed by one discarded request per arm).
+    pub respawn: bool,
     pub backend: Option<String>,
     pub ubatch: Option<usize>,
     pub kv_type: Option<String>,
@@ -204,6 +207,14 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
         resolve_arm("candidate", &cfg.candidate, cfg, &common, &mut progress)?,
     ];
     // Both load side by side.
+    let spec_of = |a: &ArmInfo| WorkerSpec {
+        arm: a.role.clone(),
+        bin: a.bin.clone(),
+        args: a.args.clone(),
+        cwd: cfg.root.clone(),
+        log: Some(cfg.out.join(format!("worker-{}.log", a.role))),
+        echo: cfg.echo,
+    };
     let mut workers: Vec<Worker> = Vec::new();
     for a in &arms {
         progress(&format!(
@@ -212,17 +223,7 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
             a.bin.display(),
             a.args.join(" ")
         ));
-        workers.push(Worker::start(
-            &WorkerSpec {
-                arm: a.role.clone(),
-                bin: a.bin.clone(),
-                args: a.args.clone(),
-                cwd: cfg.root.clone(),
-                log: Some(cfg.out.join(format!("worker-{}.log", a.role))),
-                echo: cfg.echo,
-            },
-            cfg.timeout,
-        )?);
+        workers.push(Worker::start(&spec_of(a), cfg.timeout)?);
     }
     for (w, a) in workers.iter_mut().zip(arms.iter_mut()) {
         a.ready = w.wait_ready()?.clone();
@@ -318,7 +319,35 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
     }
     let req = bench_request(cfg.n_prompt, cfg.n_gen, cfg.depth, false);
     let mut reps: Vec<Rep> = Vec::new();
+    let mut restarts = 0;
     for (seq, &(arm, block)) in order.iter().enumerate() {
+        // Fresh processes for every block after the first: each process's
+        // device-memory placement otherwise biases its arm for the whole
+        // run (about 0.5-1 % of decode on an H100), which no amount of
+        // interleaving removes; restarted per block, it becomes noise
+        // between blocks that the interval measures.
+        let starts_block = block.is_some_and(|b| b > 0) && seq > 0 && order[seq - 1].1 != block;
+        if cfg.respawn && starts_block {
+            for w in workers.drain(..) {
+                w.quit()?;
+            }
+            for a in &arms {
+                workers.push(Worker::start(&spec_of(a), cfg.timeout)?);
+            }
+            for w in workers.iter_mut() {
+                w.wait_ready()?;
+            }
+            // The first request of a process captures its decode graph
+            // and warms its caches: discarded.
+            for w in workers.iter_mut() {
+                w.request::<BenchReply>(&req)?;
+            }
+            restarts += 1;
+            progress(&format!(
+                "block {}: workers restarted",
+                block.map_or(0, |b| b + 1)
+            ));
+        }
         let reply: BenchReply = workers[arm].request(&req)?;
         if !(reply.pp_tps.is_finite() && reply.pp_tps > 0.0)
             || (cfg.n_gen > 0 && !(reply.tg_tps.is_finite() && reply.tg_tps > 0.0))
@@ -353,6 +382,11 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
             block,
             reply,
         });
+    }
+    if restarts > 0 {
+        notes.push(format!(
+            "--respawn: both workers restarted before each of the {restarts} blocks after the first, one discarded request each"
+        ));
     }
     // Attribution: ABBA blocks of phase-timed requests.
     let phase_req = bench_request(cfg.n_prompt, cfg.n_gen, cfg.depth, true);

@@ -82,7 +82,14 @@ impl Worker {
             let mut log = spec
                 .log
                 .as_ref()
-                .and_then(|p| std::fs::File::create(p).ok());
+                // Appended: a restarted worker (--respawn) keeps one log.
+                .and_then(|p| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(p)
+                        .ok()
+                });
             let echo = spec.echo.then(|| spec.arm.clone());
             std::thread::spawn(move || {
                 for l in BufReader::new(err).lines() {

@@ -45,6 +45,11 @@ pub struct Args {
     /// Warm-up rounds (one rep of each arm per round), discarded.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Restart both workers before every ABBA block after the first, so a
+    /// process's own placement bias becomes noise the interval measures
+    /// (slower: one model load per arm per block).
+    #[arg(long)]
+    pub respawn: bool,
     /// Minimum effect: speed changes smaller than this fraction are SAME.
     #[arg(long, default_value_t = 0.01, value_parser = effect)]
     pub min_effect: f64,
@@ -174,6 +179,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         reps: a.reps,
         phase_blocks: a.phase_blocks,
         warmup: a.warmup,
+        respawn: a.respawn,
         backend: a.backend.clone(),
         ubatch: a.ubatch,
         kv_type: a.kv_type.clone(),
