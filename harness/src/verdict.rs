@@ -318,16 +318,36 @@ fn usable<'a>(blocks: &'a [Block], cfg: &VerdictConfig) -> Usable<'a> {
         throttled: 0,
         stalled: 0,
     };
-    for (b, stall) in blocks.iter().zip(stalls) {
-        if !cfg.keep_throttled && b.throttled() {
-            u.throttled += 1;
-        } else if stall {
-            u.stalled += 1;
-        } else if b.log_ratio().is_finite() {
+    for ((b, stall), used) in blocks
+        .iter()
+        .zip(&stalls)
+        .zip(used_with(blocks, &stalls, cfg))
+    {
+        if used {
             u.used.push(b);
+        } else if !cfg.keep_throttled && b.throttled() {
+            u.throttled += 1;
+        } else if *stall {
+            u.stalled += 1;
         }
     }
     u
+}
+
+/// Per block: does the verdict use it (not dropped for a throttled or a
+/// stalled rep, and a finite ratio)? What `judge` and `attribute` read.
+pub fn used_blocks(blocks: &[Block], cfg: &VerdictConfig) -> Vec<bool> {
+    used_with(blocks, &stalled_blocks(blocks, cfg), cfg)
+}
+
+fn used_with(blocks: &[Block], stalls: &[bool], cfg: &VerdictConfig) -> Vec<bool> {
+    blocks
+        .iter()
+        .zip(stalls)
+        .map(|(b, &stall)| {
+            (cfg.keep_throttled || !b.throttled()) && !stall && b.log_ratio().is_finite()
+        })
+        .collect()
 }
 
 /// Per block: does it hold a stalled rep (see the module comment)? The

@@ -515,15 +515,7 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
                 &cfg.verdict,
             )
         };
-        let stalled = verdict::stalled_blocks(&blocks, &cfg.verdict);
-        used_blocks.insert(
-            phase,
-            blocks
-                .iter()
-                .zip(stalled)
-                .map(|(b, stall)| (cfg.verdict.keep_throttled || !b.throttled()) && !stall)
-                .collect(),
-        );
+        used_blocks.insert(phase, verdict::used_blocks(&blocks, &cfg.verdict));
         tests.push(TestResult {
             test: test.clone(),
             phase,

@@ -425,6 +425,12 @@ pub fn write_plots(dir: &Path, run: &AbRun) -> anyhow::Result<Vec<PathBuf>> {
     }
     // t/s per rep by arm, one panel per test.
     let mut panels = Vec::new();
+    let pt = |r: &crate::results::AbRow| Pt {
+        x: r.seq as f64,
+        y: r.tps,
+        lo: r.tps,
+        hi: r.tps,
+    };
     for t in &run.tests {
         let mut series = Vec::new();
         for arm in ["baseline", "candidate"] {
@@ -432,12 +438,7 @@ pub fn write_plots(dir: &Path, run: &AbRun) -> anyhow::Result<Vec<PathBuf>> {
                 .rows
                 .iter()
                 .filter(|r| r.test == t.test && r.arm == arm && !r.warmup)
-                .map(|r| Pt {
-                    x: r.seq as f64,
-                    y: r.tps,
-                    lo: r.tps,
-                    hi: r.tps,
-                })
+                .map(pt)
                 .collect();
             series.push(Series {
                 label: arm.to_string(),
@@ -449,12 +450,7 @@ pub fn write_plots(dir: &Path, run: &AbRun) -> anyhow::Result<Vec<PathBuf>> {
             .rows
             .iter()
             .filter(|r| r.test == t.test && !r.warmup && !r.used)
-            .map(|r| Pt {
-                x: r.seq as f64,
-                y: r.tps,
-                lo: r.tps,
-                hi: r.tps,
-            })
+            .map(pt)
             .collect();
         if !dropped.is_empty() {
             series.push(Series {
