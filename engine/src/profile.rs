@@ -192,6 +192,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../variants/profiles/flash-swa.toml"),
     ),
     (
+        "attn-mma",
+        include_str!("../../variants/profiles/attn-mma.toml"),
+    ),
+    (
         "strict",
         include_str!("../../variants/profiles/strict.toml"),
     ),

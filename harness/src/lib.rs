@@ -4,6 +4,7 @@
 //! integration tests under `tests/` call them directly.
 
 pub mod ab;
+pub mod attn_summary;
 pub mod checker;
 pub mod compare;
 pub mod hash;

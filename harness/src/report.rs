@@ -455,6 +455,7 @@ pub fn summary_md(inp: &SummaryInput<'_>) -> String {
         }
         let _ = writeln!(s);
     }
+    crate::attn_summary::section(&mut s, inp.rows);
     references_section(&mut s, inp.rows);
     let _ = writeln!(
         s,

@@ -67,7 +67,7 @@ pub struct CheckRow {
 
 /// One row of `results.csv`. Columns added after schema 1 default when
 /// missing, so schema-1 files still read (as variant rows, all timed).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TuneRow {
     pub schema_version: u32,
     /// variant | reference

@@ -113,15 +113,15 @@ pub fn instr_of(family: &str, d: &Defines) -> Instr {
                 Instr::Ffma
             }
         }
-        // The tensor-core attention runs QK^T and PV on mma.sync m16n8k16;
-        // the scalar kernel on FMA. Decode is bound by the KV bytes.
-        "attn_prefill" | "attn_decode" => {
-            if int("ALGO") == Some(1) {
-                Instr::MmaF16
-            } else {
-                Instr::Ffma
-            }
-        }
+        // The tensor-core attention runs QK^T and PV on mma.sync m16n8k16
+        // (ALGO 1) or wgmma (ALGO 2); the scalar kernel on FMA. Decode is
+        // bound by the KV bytes.
+        "attn_prefill" | "attn_decode" => match int("ALGO") {
+            Some(1) => Instr::MmaF16,
+            // The wgmma loop: the dense tensor-core rate, as gemm_wgmma.
+            Some(2) => Instr::TensorBf16,
+            _ => Instr::Ffma,
+        },
         _ => Instr::None,
     }
 }

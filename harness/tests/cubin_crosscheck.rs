@@ -56,7 +56,7 @@ fn cubin_resources_match_ptxas_on_swept_variants() {
                 d.insert("HEAD_DIM".into(), DefineValue::Int(hd));
             }
             for arch in [Arch(80), Arch(89), Arch(90)] {
-                if f.arch_specific().is_some_and(|a| a != arch) {
+                if f.arch_specific_for(&d).is_some_and(|a| a != arch) {
                     continue;
                 }
                 jobs.push((f, p.id.clone(), d.clone(), arch));

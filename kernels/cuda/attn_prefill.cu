@@ -8,23 +8,27 @@
 //           cp.async staging and, with WINDOWED = 1, the KV tiles outside
 //           every row's window skipped (contract approx: Q, K, V and P are
 //           rounded to the cache type, f32 accumulation and softmax).
+// ALGO = 2: the same tile loop on Hopper's wgmma (attn_wgmma.cuh, sm_90a):
+//           scores and probabilities stay in registers; same contract.
 // Layouts (docs/calling-convention.md): q, out f32 [n_q][n_heads][HEAD_DIM];
 // K, V [capacity][n_kv_heads][HEAD_DIM] of KV_TYPE, position p at slot
 // p % capacity. pos0 is the scalar argument (pos0_dev = NULL).
-// Grid: ALGO 0: ceil(n_q n_heads / SCALAR_WARPS); ALGO 1: (ceil(n_q / (BQ /
-// G)), n_kv_heads) with (BQ / 16) WD warps and ATTN_SMEM_BYTES of dynamic
-// shared memory.
+// Grid: ALGO 0: ceil(n_q n_heads / SCALAR_WARPS); ALGO 1 and 2: (ceil(n_q /
+// (BQ / G)), n_kv_heads) with (BQ / 16) WD warps (ALGO 1) or (BQ / 64) WD
+// warpgroups (ALGO 2) and ATTN_SMEM_BYTES of dynamic shared memory.
 //
 // Defines:
-//   ALGO          0 scalar | 1 tensor cores
+//   ALGO          0 scalar | 1 tensor cores (mma.sync) | 2 wgmma (sm_90a)
 //   HEAD_DIM      head width: 256 | 512 (set from the shape)
 //   KV_TYPE       F16 | BF16 | F32 (set from the shape; F32: ALGO 0 only)
 //   SCALAR_WARPS  warps per block of the scalar kernel
 //   BQ            rows (token x head pairs) per CTA: 16 | 32 | 64 | 128
-//   BKV           keys per tile: 32 | 64
-//   WD            warps splitting S columns and O head dims: 1 | 2 | 4
+//                 (ALGO 2: 64 | 128)
+//   BKV           keys per tile: 32 | 64 (ALGO 2: 32 | 64 | 128)
+//   WD            ALGO 1: warps splitting S columns and O head dims: 1 | 2 | 4;
+//                 ALGO 2: warpgroups splitting the head dim: 1 | 2
 //   STAGES        K/V tile buffers: 1 | 2
-//   CP_ASYNC      0 | 1: stage K/V with cp.async
+//   CP_ASYNC      0 | 1: stage K/V with cp.async (ALGO 2: 1)
 //   WINDOWED      0 | 1: skip the KV tiles outside the window
 //   COUNT_TILES   0 | 1: count visited tiles into *scratch (debug)
 
@@ -67,8 +71,11 @@
 #if ALGO == 0
 #define ATTN_SCALAR_ENTRY attn_prefill
 #include "attn_scalar.cuh"
-#else
+#elif ALGO == 1
 #define ATTN_ENTRY attn_prefill
 #define SPLIT 0
 #include "attn_core.cuh"
+#else
+#define ATTN_ENTRY attn_prefill
+#include "attn_wgmma.cuh"
 #endif

@@ -308,7 +308,7 @@ pub fn compile(
     }
     let text = source::resolve(f.source_file()).map_err(invalid)?;
     let mut options: Vec<String> = BASE_OPTIONS.iter().map(|s| s.to_string()).collect();
-    let target = match f.arch_specific() {
+    let target = match f.arch_specific_for(d) {
         None => arch.to_string(),
         Some(a) if a == arch => format!("{arch}a"),
         Some(a) => {

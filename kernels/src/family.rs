@@ -310,6 +310,12 @@ pub trait Family: Sync {
     fn arch_specific(&self) -> Option<Arch> {
         None
     }
+    /// The arch-specific target one define set needs: the family's, or
+    /// (for a family whose variants mix portable and arch-specific
+    /// algorithms) the one this variant's algorithm needs.
+    fn arch_specific_for(&self, _d: &Defines) -> Option<Arch> {
+        self.arch_specific()
+    }
     /// The kind of shape the family runs on.
     fn problem_kind(&self) -> ProblemKind {
         ProblemKind::Matmul

@@ -84,17 +84,29 @@ fn run(gpu: &Gpu, d: &Defines, p: &AttnProblem) -> (Vec<f32>, u32) {
 fn windowed_kernel_visits_exactly_the_band_tiles() {
     let g = gpu();
     let f = family("attn_prefill").expect("registered");
-    // (problem, BQ, BKV, WD): the count depends on the query tile, so the
-    // kernel and the analytic count are given the same one.
-    for (p, bq, bkv, wd) in [
-        (swa(1024, 0, 512), 64, 64, 2),
-        (swa(300, 700, 512), 32, 32, 4),
-        (swa(64, 1999, 512), 64, 64, 2),
+    // (problem, ALGO, BQ, BKV, WD): the count depends on the query tile, so
+    // the kernel and the analytic count are given the same one. ALGO 2 (the
+    // wgmma loop) needs Hopper and is always part of the proof: a GPU
+    // without it fails this test.
+    for (p, algo, bq, bkv, wd) in [
+        (swa(1024, 0, 512), 1, 64, 64, 2),
+        (swa(300, 700, 512), 1, 32, 32, 4),
+        (swa(64, 1999, 512), 1, 64, 64, 2),
+        (swa(1024, 0, 512), 2, 128, 64, 1),
+        (swa(300, 700, 512), 2, 64, 128, 1),
     ] {
+        let t = Tile {
+            bq: bq as usize,
+            bkv: bkv as usize,
+            wd: wd as usize,
+            stages: 2,
+            wgmma: algo == 2,
+        };
         for windowed in [0, 1] {
             let d = defines(
                 f,
                 &[
+                    ("ALGO", algo),
                     ("BQ", bq),
                     ("BKV", bkv),
                     ("WD", wd),
@@ -104,22 +116,13 @@ fn windowed_kernel_visits_exactly_the_band_tiles() {
                 &p,
             );
             let (_, counted) = run(&g, &d, &p);
-            let t = Tile {
-                bq: bq as usize,
-                bkv: bkv as usize,
-                wd: wd as usize,
-                stages: 2,
-            };
             let want = visited_tiles(&t, &p, windowed == 1);
-            println!("{p:?} windowed={windowed}: {counted} tiles (analytic {want})");
-            assert_eq!(counted as u64, want, "windowed={windowed} on {p:?}");
+            println!("ALGO={algo} {p:?} windowed={windowed}: {counted} tiles (analytic {want})");
+            assert_eq!(
+                counted as u64, want,
+                "ALGO={algo} windowed={windowed} on {p:?}"
+            );
         }
-        let t = Tile {
-            bq: bq as usize,
-            bkv: bkv as usize,
-            wd: wd as usize,
-            stages: 2,
-        };
         assert!(
             visited_tiles(&t, &p, true) < visited_tiles(&t, &p, false),
             "the window must cut tiles on {p:?}"
@@ -236,6 +239,98 @@ fn every_attention_variant_passes_on_ragged_shapes() {
             }
         }
     }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The wgmma loop (ALGO = 2, Hopper) against the f64 oracle on the shapes
+/// its tiles meet: partial query tiles, chunks that continue a cache, a
+/// window that starts mid-tile, a wrapped ring, GQA groups of 1..16, head
+/// dims 256 (one warpgroup per 64 rows) and 512 (two warpgroups splitting
+/// the head dim), f16 and bf16 caches, one and two stages.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgmma_variants_pass_on_ragged_shapes() {
+    let g = gpu();
+    assert_eq!(
+        g.arch(),
+        gemtune_kernels::families::attention::WGMMA_ARCH,
+        "the wgmma attention loop needs an sm_90 GPU"
+    );
+    let f = family("attn_prefill").expect("registered");
+    let hd512 = |p: AttnProblem| AttnProblem {
+        head_dim: 512,
+        window: 0,
+        ..p
+    };
+    let shapes = [
+        swa(7, 0, 512),
+        swa(113, 450, 512),
+        swa(200, 0, 0),
+        AttnProblem {
+            capacity: 512 + 64 - 1,
+            ..swa(64, 1500, 512)
+        },
+        AttnProblem {
+            kv_type: KvType::Bf16,
+            ..swa(96, 37, 300)
+        },
+        AttnProblem {
+            n_heads: 16,
+            n_kv_heads: 16,
+            ..swa(40, 5, 0)
+        },
+        hd512(swa(33, 90, 0)),
+        hd512(AttnProblem {
+            n_heads: 16,
+            n_kv_heads: 1,
+            ..swa(17, 30, 0)
+        }),
+        hd512(AttnProblem {
+            kv_type: KvType::Bf16,
+            ..swa(130, 0, 0)
+        }),
+    ];
+    let variants: [&[(&str, i64)]; 5] = [
+        &[("BQ", 128), ("BKV", 64), ("STAGES", 2)],
+        &[("BQ", 64), ("BKV", 128), ("STAGES", 1)],
+        &[("BQ", 128), ("BKV", 64), ("STAGES", 2), ("WINDOWED", 1)],
+        &[("BQ", 64), ("BKV", 32), ("STAGES", 2), ("WINDOWED", 1)],
+        &[("BQ", 64), ("BKV", 64), ("STAGES", 1)],
+    ];
+    let mut bad = Vec::new();
+    let mut ran = 0;
+    for v in variants {
+        for p in &shapes {
+            let mut kv: Vec<(&str, i64)> = vec![("ALGO", 2), ("CP_ASYNC", 1)];
+            kv.extend_from_slice(v);
+            kv.push(("WD", if p.head_dim == 512 { 2 } else { 1 }));
+            let d = defines(f, &kv, p);
+            let prob = Problem::Attention(*p);
+            if let Err(e) = f.validate(&d, &prob, &g.limits()) {
+                // Only the shared-memory bound may refuse a point here.
+                assert!(e.contains("shared memory"), "{kv:?} {p:?}: {e}");
+                continue;
+            }
+            let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
+            let tol = f.default_tolerance(&d, &prob);
+            ran += 1;
+            match check_variant(&g, f, &cv, &d, &prob, 5, &tol) {
+                Ok(r) => {
+                    println!(
+                        "{kv:?} {p:?}: {} rms {:.2e} replay {:?}",
+                        if r.passed { "PASS" } else { "FAIL" },
+                        r.rms_rel,
+                        r.replay_rms_rel
+                    );
+                    if !r.passed {
+                        bad.push(format!("{kv:?} {p:?}: {}", r.detail));
+                    }
+                }
+                Err(e) => bad.push(format!("{kv:?} {p:?}: {e}")),
+            }
+        }
+    }
+    assert!(ran >= 30, "only {ran} wgmma points ran");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 

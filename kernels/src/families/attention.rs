@@ -20,16 +20,31 @@ use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub struct Tile {
     pub bq: usize,
     pub bkv: usize,
+    /// Dim warps (mma.sync) or dim warpgroups (wgmma).
     pub wd: usize,
     pub stages: usize,
+    /// The Hopper loop of attn_wgmma.cuh (ALGO = 2) instead of attn_core.cuh.
+    pub wgmma: bool,
 }
 
 impl Tile {
     pub fn threads(&self) -> usize {
-        self.bq / 16 * self.wd * 32
+        if self.wgmma {
+            self.bq / 64 * self.wd * 128
+        } else {
+            self.bq / 16 * self.wd * 32
+        }
     }
-    /// ATTN_SMEM_BYTES of attn_core.cuh.
+    /// ATTN_SMEM_BYTES of attn_core.cuh / attn_wgmma.cuh.
     pub fn smem_bytes(&self, hd: usize) -> usize {
+        if self.wgmma {
+            let exchange = if self.wd == 2 {
+                self.threads() * self.bkv / 2 * 4
+            } else {
+                0
+            };
+            return 1024 + self.bq * hd * 2 + self.stages * 4 * self.bkv * hd + exchange;
+        }
         let qs = hd + 8;
         (self.bq * qs + 2 * self.stages * self.bkv * qs) * 2
             + self.bq * (self.bkv + 4) * 4
@@ -61,8 +76,26 @@ pub fn kv_type(d: &Defines, p: &AttnProblem) -> Result<KvType, String> {
     Ok(t)
 }
 
-/// Checks the defines shared by both families against the problem.
+/// Checks the defines shared by both families against the problem (the
+/// decode kernel has no wgmma loop: ALGO = 2 is prefill's, `read_prefill`).
 pub fn read(d: &Defines, p: &AttnProblem, lim: &DeviceLimits) -> Result<Algo, String> {
+    read_algo(d, p, lim, false)
+}
+
+/// As `read`, with the prefill kernel's wgmma loop (ALGO = 2) allowed.
+pub fn read_prefill(d: &Defines, p: &AttnProblem, lim: &DeviceLimits) -> Result<Algo, String> {
+    read_algo(d, p, lim, true)
+}
+
+/// The one architecture whose wgmma the ALGO = 2 loop uses (`sm_90a`).
+pub const WGMMA_ARCH: crate::compile::Arch = crate::compile::Arch(90);
+
+fn read_algo(
+    d: &Defines,
+    p: &AttnProblem,
+    lim: &DeviceLimits,
+    wgmma_ok: bool,
+) -> Result<Algo, String> {
     p.check()?;
     let hd = get_int(d, "HEAD_DIM")? as usize;
     if hd != p.head_dim {
@@ -91,6 +124,7 @@ pub fn read(d: &Defines, p: &AttnProblem, lim: &DeviceLimits) -> Result<Algo, St
                 bkv: int_of(d, "BKV", &[32, 64])?,
                 wd: int_of(d, "WD", &[1, 2, 4])?,
                 stages: int_of(d, "STAGES", &[1, 2])?,
+                wgmma: false,
             };
             int_of(d, "CP_ASYNC", &[0, 1])?;
             let g = p.group();
@@ -126,8 +160,65 @@ pub fn read(d: &Defines, p: &AttnProblem, lim: &DeviceLimits) -> Result<Algo, St
             }
             Ok(Algo::Mma(t))
         }
+        2 if wgmma_ok => read_wgmma(d, p, lim, hd, kv),
+        a if wgmma_ok => Err(format!("ALGO={a} is not 0, 1 or 2")),
         a => Err(format!("ALGO={a} is not 0 or 1")),
     }
+}
+
+/// The wgmma tile (ALGO = 2): 64-row warpgroups, WD of them per 64 rows
+/// splitting the head dim into slices of 128 or 256 (the wgmma N of PV).
+fn read_wgmma(
+    d: &Defines,
+    p: &AttnProblem,
+    lim: &DeviceLimits,
+    hd: usize,
+    kv: KvType,
+) -> Result<Algo, String> {
+    if lim.arch != WGMMA_ARCH {
+        return Err(format!(
+            "wgmma needs {WGMMA_ARCH}a (Hopper); the target is {}",
+            lim.arch
+        ));
+    }
+    if kv == KvType::F32 {
+        return Err("the wgmma kernel reads F16 or BF16 caches; ALGO=0 reads F32".into());
+    }
+    if int_of(d, "CP_ASYNC", &[0, 1])? != 1 {
+        return Err("the wgmma kernel stages K/V with cp.async (CP_ASYNC=1)".into());
+    }
+    let t = Tile {
+        bq: int_of(d, "BQ", &[64, 128])?,
+        bkv: int_of(d, "BKV", &[32, 64, 128])?,
+        wd: int_of(d, "WD", &[1, 2])?,
+        stages: int_of(d, "STAGES", &[1, 2])?,
+        wgmma: true,
+    };
+    let g = p.group();
+    if g > t.bq || t.bq % g != 0 {
+        return Err(format!(
+            "BQ={} rows do not hold whole GQA groups of {g} heads",
+            t.bq
+        ));
+    }
+    let slice = hd / t.wd;
+    if hd % t.wd != 0 || (slice != 128 && slice != 256) {
+        return Err(format!(
+            "WD={} leaves head-dim slices of {slice} (the wgmma kernel needs 128 or 256)",
+            t.wd
+        ));
+    }
+    if t.threads() > lim.max_threads_per_block as usize {
+        return Err(format!("{} threads per block", t.threads()));
+    }
+    let smem = t.smem_bytes(hd);
+    if smem > lim.max_smem_per_block as usize {
+        return Err(format!(
+            "needs {smem} bytes of shared memory, the {} limit is {}",
+            lim.arch, lim.max_smem_per_block
+        ));
+    }
+    Ok(Algo::Mma(t))
 }
 
 /// Query tokens per CTA of the tensor-core kernel.
@@ -200,7 +291,7 @@ pub fn visited_tiles(t: &Tile, p: &AttnProblem, windowed: bool) -> u64 {
 /// The contract of a variant.
 pub fn contract(d: &Defines) -> Contract {
     match get_int(d, "ALGO") {
-        Ok(1) => Contract::Approx,
+        Ok(1 | 2) => Contract::Approx,
         _ => Contract::Fp,
     }
 }
@@ -336,7 +427,12 @@ pub fn workload(
     decode: bool,
 ) -> Result<Box<dyn crate::workload::Workload>, GpuError> {
     let a = *attn_of(p).map_err(GpuError::Rejected)?;
-    let algo = read(d, &a, &gpu.limits()).map_err(GpuError::Rejected)?;
+    let algo = if decode {
+        read(d, &a, &gpu.limits())
+    } else {
+        read_prefill(d, &a, &gpu.limits())
+    }
+    .map_err(GpuError::Rejected)?;
     let inp = inputs(&a, seed);
     let op = match (&algo, a.kv_type) {
         (Algo::Mma(_), t) => Some(t),
@@ -452,6 +548,7 @@ mod tests {
             bkv: 64,
             wd: 2,
             stages: 2,
+            wgmma: false,
         };
         // 4096 tokens from 0, window 512: 16 tokens per CTA (GQA 4).
         let p = prob(4096, 0, 512, 4096);

@@ -4,6 +4,7 @@
 
 use super::attention::{self, Algo};
 use crate::check::Tolerance;
+use crate::compile::Arch;
 use crate::defines::{defines, get_int, Defines};
 use crate::family::{
     attn_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
@@ -26,6 +27,9 @@ impl Family for AttnPrefill {
     }
     fn problem_kind(&self) -> ProblemKind {
         ProblemKind::Attention
+    }
+    fn arch_specific_for(&self, d: &Defines) -> Option<Arch> {
+        (get_int(d, "ALGO").ok() == Some(2)).then_some(attention::WGMMA_ARCH)
     }
     fn default_defines(&self, _wtype: GgmlType) -> Defines {
         let mut d = defines([
@@ -56,7 +60,7 @@ impl Family for AttnPrefill {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let a = attn_of(p)?;
-        let algo = attention::read(d, a, lim)?;
+        let algo = attention::read_prefill(d, a, lim)?;
         crate::family::int_in(d, "WINDOWED", &[0, 1])?;
         crate::family::int_in(d, "COUNT_TILES", &[0, 1])?;
         if a.n_q > 65535 * 16 {
@@ -80,7 +84,7 @@ impl Family for AttnPrefill {
 /// scalar kernel, which has no tiles).
 pub fn expected_tiles(d: &Defines, p: &Problem, lim: &DeviceLimits) -> Option<u64> {
     let a = attn_of(p).ok()?;
-    match attention::read(d, a, lim).ok()? {
+    match attention::read_prefill(d, a, lim).ok()? {
         Algo::Mma(t) => Some(attention::visited_tiles(
             &t,
             a,

@@ -1,0 +1,631 @@
+// attn_wgmma.cuh: the prefill flash-attention tile loop on Hopper's
+// warpgroup MMA (wgmma, sm_90a), included by attn_prefill.cu for ALGO = 2.
+// Same function, layouts, key range, masking and operand roundings as the
+// mma.sync loop of attn_core.cuh; what differs is where the data lives.
+//
+// Warpgroups: the CTA's BQ rows (token x head pairs of one KV head's GQA
+// group, packed as in attn_core.cuh) are split into BQ / 64 row warpgroups;
+// each of those is WD warpgroups that share its 64 rows and split the head
+// dim into WD slices of DS = HEAD_DIM / WD. Threads: 128 (BQ / 64) WD.
+// Per KV tile of BKV keys:
+//   1. S = Q K^T by wgmma m64nBKVk16 with both operands in shared memory:
+//      Q (converted to the operand type once) and the K tile, K-major rows
+//      of 64 elements (128 bytes) in the 128-byte swizzle (16-byte chunk c
+//      of row r at chunk c ^ (r % 8)), one such block per 64 head dims. The
+//      scores stay in the accumulator registers. With WD = 2 each
+//      warpgroup reduces its own head-dim slice and the two partial score
+//      tiles are added through shared memory (both warpgroups then hold the
+//      same full S: the sum of two floats does not depend on their order).
+//   2. Online softmax in registers: a row's BKV scores live in the 4 threads
+//      of a quad (m64nN accumulator layout: thread (warp w, lane) holds rows
+//      16 w + lane / 4 and + 8, columns 8 j + 2 (lane % 4) + {0, 1}). P =
+//      2^((S - m) log2 e) on the SFU, summed in f32 and rounded to the
+//      operand type for the MMA (attn_core.cuh sums the rounded values; the
+//      difference is far below the operand rounding itself); the
+//      accumulator layout of two adjacent 8-column blocks is the A-operand
+//      layout of one k16 step, so P feeds the next MMA from registers with
+//      no shared-memory round trip.
+//   3. O = alpha O + P V by wgmma m64nDSk16 with A = P (registers) and B =
+//      the V tile read transposed (MN-major): the V tile has the K tile's
+//      shared layout, 64 head dims per 128-byte row, so the descriptor's
+//      leading offset steps 64 dims (one block, BKV rows apart) and its
+//      stride offset steps 8 keys (1024 bytes).
+// K/V tiles arrive by cp.async into STAGES buffers (the next tile loading
+// while this one is computed when STAGES = 2); every thread issues copies.
+// Contract approx, like ALGO = 1: Q, K, V and P rounded to the cache type,
+// f32 scores, softmax and accumulation.
+//
+// Dynamic shared memory: 1024 (alignment slack) + BQ HD 2 (Q) + STAGES 4
+// BKV HD (K and V) + (WD = 2) 2 NTHREADS BKV (the score exchange).
+//
+// Defines: (none of its own; uses the includer's HEAD_DIM, BQ, BKV, WD,
+// STAGES, WINDOWED, COUNT_TILES, KV_TYPE)
+
+#pragma once
+
+#define F16 1
+#define BF16 2
+#define F32 3
+#if KV_TYPE == F16
+#define WG_T "f16"
+#elif KV_TYPE == BF16
+#define WG_T "bf16"
+#else
+#error "the wgmma attention kernel reads F16 or BF16 caches"
+#endif
+
+#define HD HEAD_DIM
+#define RWG (BQ / 64)
+#define NTHREADS (128 * RWG * WD)
+#define DS (HD / WD)
+#define DB (DS / 64)
+#define SN BKV
+#define ON DS
+#define SACC (BKV / 2)
+#define OACC (DS / 2)
+#define Q_BYTES (BQ * HD * 2)
+#define KV_BYTES (BKV * HD * 2)
+#define X_BYTES (WD == 2 ? NTHREADS * SACC * 4 : 0)
+#define ATTN_SMEM_BYTES (1024 + Q_BYTES + STAGES * 2 * KV_BYTES + X_BYTES)
+
+#if BQ != 64 && BQ != 128
+#error "BQ must be 64 or 128 for the wgmma kernel"
+#endif
+#if BKV != 32 && BKV != 64 && BKV != 128
+#error "BKV must be 32, 64 or 128 for the wgmma kernel"
+#endif
+#if WD != 1 && WD != 2
+#error "WD must be 1 or 2 for the wgmma kernel"
+#endif
+#if DS != 128 && DS != 256
+#error "HEAD_DIM / WD must be 128 or 256 for the wgmma kernel"
+#endif
+
+DEVI u32 op_pack(float lo, float hi) {
+#if KV_TYPE == F16
+    return pack_f16x2(lo, hi);
+#else
+    return pack_bf16x2(lo, hi);
+#endif
+}
+// 2^x on the SFU (flush to zero; 2^-inf = +0).
+DEVI float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEVI void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+DEVI void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> DEVI void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+DEVI void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+DEVI void pair_barrier(int id) { asm volatile("bar.sync %0, 256;" :: "r"(id) : "memory"); }
+
+// K-major operand (Q, K): rows of 128 bytes in the 128-byte swizzle, 8-row
+// groups 1024 bytes apart; `addr` is the first row's address plus 32 bytes
+// per k16 step (the leading offset is unused by this layout).
+DEVI u64 desc_kmajor(u32 addr) {
+    return (u64)(addr >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+// MN-major operand (V read transposed): 64 head dims per 128-byte row, the
+// next 64 dims BKV rows (one block) further, 8-key groups 1024 bytes apart;
+// `addr` is the block of the first 64 dims plus 2048 bytes per k16 step.
+DEVI u64 desc_mnmajor(u32 addr) {
+    return (u64)(addr >> 4) | ((u64)((BKV * 128) >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// D[64 x SN] (+)= A[64 x 16] * B[16 x SN], both from descriptors; scale_d = 0
+// overwrites D. D[64 x ON] += P[64 x 16] (registers) * V[16 x ON] (transposed).
+#if SN == 32
+DEVI void wg_ss_n32(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#endif
+#if SN == 64
+DEVI void wg_ss_n64(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#endif
+#if SN == 128
+DEVI void wg_ss_n128(float (&d)[64], u64 desc_a, u64 desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#endif
+#if ON == 128
+DEVI void wg_rs_n128_tb(float (&d)[64], const u32 (&a)[4], u64 desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+#endif
+#if ON == 256
+DEVI void wg_rs_n256_tb(float (&d)[128], const u32 (&a)[4], u64 desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+#endif
+
+#if SN == 32
+#define WG_SS wg_ss_n32
+#elif SN == 64
+#define WG_SS wg_ss_n64
+#else
+#define WG_SS wg_ss_n128
+#endif
+#if ON == 128
+#define WG_RS wg_rs_n128_tb
+#else
+#define WG_RS wg_rs_n256_tb
+#endif
+
+// Pins registers an async MMA wrote (or reads), so that no use is
+// scheduled before, and no reuse of the registers after, the wait that
+// completes it.
+template <int N> DEVI void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> DEVI void fence_frags(u32 (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// Per-thread state of the tile loop: the score tile, the two rows' running
+// max and (thread-partial) sum, and everything fixed per CTA.
+struct AttnCta {
+    u32 s_q, s_k, s_v;      // shared: Q, K buffers, V buffers
+    float* xs;              // score exchange (WD = 2)
+    int tid, lane, wr, wdd;
+    int rows, kvh, n_kv_heads, capacity, kv_len, cache_lo, window, p_lo, p_hi;
+    int qp0, qp1;
+    bool live0, live1;
+    const u16* kc;
+    const u16* vc;
+    // Copy assignment: one 16-byte chunk column and rows kr0 + it LSTEP,
+    // at shared offsets so_even / so_odd (+ it LSTEP 128) of a buffer.
+    int ch, kr0;
+    u32 so_even, so_odd;
+};
+
+#define LCHUNKS (HD / 8)
+#define LSTEP (NTHREADS / LCHUNKS)
+#define LITERS (BKV / LSTEP)
+#if NTHREADS % LCHUNKS != 0 || BKV % LSTEP != 0 || (BQ * LCHUNKS / NTHREADS) % 8 != 0
+#error "the Q and K/V copies do not divide evenly over the threads"
+#endif
+
+// Shared offset of this thread's chunk in copy row `it` (rows kr0 + it
+// LSTEP; 16-byte chunk ch % 8 of its 64-dim block stored at (ch % 8) ^
+// (row % 8)): a per-thread base for even and odd `it` (equal when LSTEP is
+// a multiple of 8) plus a constant the compiler folds into the copy.
+DEVI u32 copy_offset(const AttnCta& c, int it) {
+    return ((it & 1) ? c.so_odd : c.so_even) + (u32)(it * LSTEP * 128);
+}
+
+// Issues the cp.async copies of K (or V) rows of tile `tile` into the
+// buffer at `dst`: position p at slot p % capacity, zero past kv_len. A tile
+// that lies inside the ring without wrapping and before kv_len (all but the
+// last and the wrapping ones) takes the straight path: one pointer stepped
+// by LSTEP rows.
+DEVI void load_rows(const AttnCta& c, const u16* src_base, u32 dst, int tile) {
+    const int kp0 = tile * BKV;
+    const int slot0 = kp0 % c.capacity;
+    const u32 row_stride = (u32)c.n_kv_heads * HD;
+    const u16* base = src_base + (u64)c.kvh * HD + c.ch * 8;
+    if (slot0 + BKV <= c.capacity && kp0 + BKV <= c.kv_len) {
+        const u16* p = base + (u64)(u32)(slot0 + c.kr0) * row_stride;
+#pragma unroll
+        for (int it = 0; it < LITERS; ++it) {
+            cp_async16(dst + copy_offset(c, it), p, 16);
+            p += LSTEP * row_stride;
+        }
+        return;
+    }
+    const int live = c.kv_len - kp0;
+#pragma unroll
+    for (int it = 0; it < LITERS; ++it) {
+        const int kr = c.kr0 + it * LSTEP;
+        const int slot = (slot0 + kr) % c.capacity;
+        cp_async16(dst + copy_offset(c, it), kr < live ? base + (u64)(u32)slot * row_stride : src_base,
+                   kr < live ? 16 : 0);
+    }
+}
+
+// S = Q K^T over this warpgroup's head-dim slice (issued, not waited).
+DEVI void issue_scores(const AttnCta& c, float (&s)[SACC], u32 k_buf) {
+    const u64 dq = desc_kmajor(c.s_q + c.wr * 64 * 128 + c.wdd * DB * BQ * 128);
+    const u64 dk = desc_kmajor(k_buf + c.wdd * DB * BKV * 128);
+    wg_fence();
+#pragma unroll
+    for (int b = 0; b < DB; ++b)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            WG_SS(s, dq + (u64)((b * BQ * 128 + k * 32) >> 4), dk + (u64)((b * BKV * 128 + k * 32) >> 4),
+                  (b | k) != 0);
+    wg_commit();
+}
+
+// O += P V over this warpgroup's head-dim slice (issued, not waited).
+DEVI void issue_pv(const AttnCta& c, float (&o)[OACC], u32 (&pa)[BKV / 16][4], u32 v_buf) {
+    const u64 dv = desc_mnmajor(v_buf + c.wdd * DB * BKV * 128);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BKV / 16; ++kk) WG_RS(o, pa[kk], dv + (u64)((kk * 2048) >> 4));
+    wg_commit();
+}
+
+// With WD = 2: adds the partner warpgroup's partial scores (same rows, the
+// other head-dim half) so both hold the full S.
+DEVI void exchange_scores(const AttnCta& c, float (&s)[SACC]) {
+#if WD == 2
+    float* mine = c.xs + (c.wr * 2 + c.wdd) * SACC * 128 + (c.tid & 127);
+    const float* other = c.xs + (c.wr * 2 + (c.wdd ^ 1)) * SACC * 128 + (c.tid & 127);
+#pragma unroll
+    for (int i = 0; i < SACC; ++i) mine[i * 128] = s[i];
+    pair_barrier(1 + c.wr);
+#pragma unroll
+    for (int i = 0; i < SACC; ++i) s[i] += other[i * 128];
+    // The next tile's writes come after the CTA barrier at its top.
+#else
+    (void)c;
+    (void)s;
+#endif
+}
+
+// Masks tile `tile`'s scores where a bound cuts it, updates the running max
+// and sum, turns the scores into P in place (f32; rounded to the operand
+// type only when packed for the MMA) and returns the rescale factors of the
+// two rows' earlier O.
+DEVI void softmax_tile(const AttnCta& c, float (&s)[SACC], int tile, float (&m_r)[2], float (&l_r)[2],
+                       float (&alpha)[2]) {
+    const float L2E = 1.4426950408889634f;
+    const int kt0 = tile * BKV, kt1 = kt0 + BKV - 1;
+    const bool need_mask = kt0 < c.cache_lo || kt1 > c.p_lo || kt1 >= c.kv_len ||
+                           (c.window > 0 && kt0 <= c.p_hi - c.window);
+    if (need_mask) {
+#pragma unroll
+        for (int j = 0; j < BKV / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int kp = kt0 + j * 8 + (c.lane & 3) * 2 + (e & 1);
+                const int qp = e < 2 ? c.qp0 : c.qp1;
+                const bool live = e < 2 ? c.live0 : c.live1;
+                const bool vis = live && kp >= c.cache_lo && kp <= qp && kp < c.kv_len &&
+                                 (c.window == 0 || qp - kp < c.window);
+                if (!vis) s[j * 4 + e] = -INFINITY;
+            }
+        }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BKV / 8; ++j) {
+        mx0 = fmaxf(mx0, fmaxf(s[j * 4], s[j * 4 + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    float mneg[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m_r[h], h ? mx1 : mx0);
+        alpha[h] = m_new == -INFINITY ? 1.0f : fast_exp2((m_r[h] - m_new) * L2E);
+        mneg[h] = m_new == -INFINITY ? 0.0f : -m_new * L2E;
+        m_r[h] = m_new;
+    }
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BKV / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = fast_exp2(fmaf(s[j * 4 + e], L2E, mneg[e >> 1]));
+            s[j * 4 + e] = p;
+            if (e < 2) {
+                sum0 += p;
+            } else {
+                sum1 += p;
+            }
+        }
+    }
+    l_r[0] = l_r[0] * alpha[0] + sum0;
+    l_r[1] = l_r[1] * alpha[1] + sum1;
+}
+
+// P, rounded to the operand type, as the A fragments of the PV MMA: the
+// accumulator layout of 8-key blocks 2 kk and 2 kk + 1 is the A layout of
+// k16 step kk.
+DEVI void pack_probs(const float (&s)[SACC], u32 (&pa)[BKV / 16][4]) {
+#pragma unroll
+    for (int j = 0; j < BKV / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) pa[j / 2][(j & 1) * 2 + h] = op_pack(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]);
+}
+
+// O *= alpha by row; skipped by a warp whose rows' maxima all held.
+DEVI void rescale(float (&o)[OACC], const float (&alpha)[2]) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+    for (int j = 0; j < DS / 8; ++j) {
+        o[j * 4] *= alpha[0];
+        o[j * 4 + 1] *= alpha[0];
+        o[j * 4 + 2] *= alpha[1];
+        o[j * 4 + 3] *= alpha[1];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+           float* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads, int n_kv_heads,
+           int window, const int* __restrict__ pos0_dev, float* __restrict__ scratch) {
+    extern __shared__ __align__(1024) u8 smem_raw[];
+    // Swizzled tiles need 1024-byte alignment; the launch adds 1024 bytes of slack.
+    const u32 raw = smem_addr(smem_raw);
+    const u32 pad = ((raw + 1023u) & ~1023u) - raw;
+    u8* smem = smem_raw + pad;
+    // Q: HD / 64 blocks of [BQ rows][128 bytes]; then STAGES K buffers and
+    // STAGES V buffers, each HD / 64 blocks of [BKV rows][128 bytes]; then
+    // the score exchange.
+    AttnCta c;
+    c.s_q = raw + pad;
+    c.s_k = c.s_q + Q_BYTES;
+    c.s_v = c.s_k + STAGES * KV_BYTES;
+    c.xs = reinterpret_cast<float*>(smem + Q_BYTES + STAGES * 2 * KV_BYTES);
+    c.tid = threadIdx.x;
+    c.lane = c.tid & 31;
+    const int warp = (c.tid >> 5) & 3, wg = c.tid >> 7;
+    c.wr = wg / WD;
+    c.wdd = wg % WD;
+    c.kvh = blockIdx.y;
+    c.n_kv_heads = n_kv_heads;
+    c.capacity = capacity;
+    c.window = window;
+    c.kc = kc;
+    c.vc = vc;
+    c.ch = c.tid % LCHUNKS;
+    c.kr0 = c.tid / LCHUNKS;
+    {
+        const u32 blk = (u32)(c.ch / 8) * BKV * 128, cc = (u32)c.ch % 8;
+        c.so_even = blk + (u32)c.kr0 * 128 + ((cc ^ ((u32)c.kr0 & 7)) << 4);
+        c.so_odd = blk + (u32)c.kr0 * 128 + ((cc ^ ((u32)(c.kr0 + LSTEP) & 7)) << 4);
+    }
+    const int G = n_heads / n_kv_heads;
+    const int tok_per = BQ / G;
+    // The last query tiles see the most keys: they are launched first.
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * tok_per;
+    const int n_tok = min(tok_per, n_q - t0);
+    c.rows = n_tok * G;
+    const int pos0 = pos0_dev ? *pos0_dev : q_pos0_arg;
+    c.kv_len = pos0 + n_q;
+    c.cache_lo = max(0, c.kv_len - capacity);
+    c.p_lo = pos0 + t0;
+    c.p_hi = pos0 + t0 + n_tok - 1;
+#if WINDOWED
+    const int k_lo = window > 0 ? max(c.cache_lo, c.p_lo - window + 1) : c.cache_lo;
+#else
+    const int k_lo = c.cache_lo;
+#endif
+    const int tile_lo = k_lo / BKV, tile_hi = c.p_hi / BKV;
+    // This thread's rows: r0 and r0 + 8 of the CTA's BQ.
+    const int r0 = c.wr * 64 + warp * 16 + (c.lane >> 2);
+    c.live0 = r0 < c.rows;
+    c.live1 = r0 + 8 < c.rows;
+    c.qp0 = pos0 + t0 + r0 / G;
+    c.qp1 = pos0 + t0 + (r0 + 8) / G;
+
+    load_rows(c, kc, c.s_k, tile_lo);
+#if STAGES == 1
+    load_rows(c, vc, c.s_v, tile_lo);
+#endif
+    cp_async_commit();
+
+    // Q rows, rounded to the operand type; rows past the last token are 0.
+    // Loads go out QBATCH chunks at a time, so their latencies overlap.
+#define QITERS (BQ * LCHUNKS / NTHREADS)
+#define QBATCH (QITERS < 16 ? QITERS : 16)
+#pragma unroll
+    for (int g = 0; g < QITERS; g += QBATCH) {
+        float4 qa[QBATCH], qb[QBATCH];
+#pragma unroll
+        for (int u = 0; u < QBATCH; ++u) {
+            const int r = c.kr0 + (g + u) * LSTEP;
+            qa[u] = qb[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < c.rows) {
+                const int t = t0 + r / G, h = c.kvh * G + r % G;
+                const float4* src = reinterpret_cast<const float4*>(q + ((u64)t * n_heads + h) * HD + c.ch * 8);
+                qa[u] = src[0];
+                qb[u] = src[1];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QBATCH; ++u) {
+            const int r = c.kr0 + (g + u) * LSTEP;
+            const uint4 w = make_uint4(op_pack(qa[u].x, qa[u].y), op_pack(qa[u].z, qa[u].w),
+                                       op_pack(qb[u].x, qb[u].y), op_pack(qb[u].z, qb[u].w));
+            *reinterpret_cast<uint4*>(smem + (c.ch / 8) * BQ * 128 + r * 128 + (((c.ch % 8) ^ (r & 7)) << 4)) = w;
+        }
+    }
+
+    float o[OACC], s[SACC];
+#pragma unroll
+    for (int i = 0; i < OACC; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SACC; ++i) s[i] = 0.0f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f}, alpha[2];
+
+#if STAGES == 1
+    // One K/V buffer: copy, wait, then scores, softmax and PV in turn.
+    u32 pa[BKV / 16][4];
+    for (int tile = tile_lo; tile <= tile_hi; ++tile) {
+        if (tile != tile_lo) {
+            load_rows(c, kc, c.s_k, tile);
+            load_rows(c, vc, c.s_v, tile);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        // Publish the copies (and Q's stores) to the tensor cores' async proxy.
+        fence_async_smem();
+        __syncthreads();
+#if COUNT_TILES
+        if (c.tid == 0) atomicAdd(reinterpret_cast<unsigned int*>(scratch), 1u);
+#endif
+        issue_scores(c, s, c.s_k);
+        wg_wait<0>();
+        fence_regs(s);
+        exchange_scores(c, s);
+        softmax_tile(c, s, tile, m_r, l_r, alpha);
+        pack_probs(s, pa);
+        rescale(o, alpha);
+        issue_pv(c, o, pa, c.s_v);
+        wg_wait<0>();
+        fence_regs(o);
+        fence_frags(pa);
+        __syncthreads();
+    }
+#else
+    // Two K and two V buffers, PV one tile behind: while the softmax of tile
+    // j runs on the CUDA cores, the tensor cores run P_{j-1} V_{j-1}; P_j is
+    // packed into the fragments once that MMA has retired. At the top of
+    // step j, K_j and V_{j-1} have landed and every warpgroup is past step
+    // j - 1, so K_{j+1} and V_j are copied over K_{j-1} and V_{j-2}.
+    u32 pa[BKV / 16][4];
+    auto sync_and_load = [&](int j) {
+        cp_async_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+#if COUNT_TILES
+        if (c.tid == 0) atomicAdd(reinterpret_cast<unsigned int*>(scratch), 1u);
+#endif
+        if (j + 1 <= tile_hi) load_rows(c, kc, c.s_k + ((j + 1 - tile_lo) & 1) * KV_BYTES, j + 1);
+        load_rows(c, vc, c.s_v + ((j - tile_lo) & 1) * KV_BYTES, j);
+        cp_async_commit();
+    };
+    // Tile tile_lo: its scores and P; no O yet.
+    sync_and_load(tile_lo);
+    issue_scores(c, s, c.s_k);
+    wg_wait<0>();
+    fence_regs(s);
+    exchange_scores(c, s);
+    softmax_tile(c, s, tile_lo, m_r, l_r, alpha);
+    pack_probs(s, pa);
+    for (int j = tile_lo + 1; j <= tile_hi; ++j) {
+        sync_and_load(j);
+        issue_scores(c, s, c.s_k + ((j - tile_lo) & 1) * KV_BYTES);
+        issue_pv(c, o, pa, c.s_v + ((j - 1 - tile_lo) & 1) * KV_BYTES);
+        wg_wait<1>();
+        fence_regs(s);
+        exchange_scores(c, s);
+        softmax_tile(c, s, j, m_r, l_r, alpha);
+        wg_wait<0>();
+        fence_regs(o);
+        fence_frags(pa);
+        pack_probs(s, pa);
+        rescale(o, alpha);
+    }
+    // The last tile's PV: its V was copied at the top of its step.
+    cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();
+    issue_pv(c, o, pa, c.s_v + ((tile_hi - tile_lo) & 1) * KV_BYTES);
+    wg_wait<0>();
+    fence_regs(o);
+    fence_frags(pa);
+#endif
+
+    // Output: each row's O over the quad's summed l.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_r[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = r0 + 8 * h;
+        if (r >= c.rows) continue;
+        const int t = t0 + r / G, head = c.kvh * G + r % G;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* dst = out + ((u64)t * n_heads + head) * HD + c.wdd * DS + (c.lane & 3) * 2;
+#pragma unroll
+        for (int jj = 0; jj < DS / 8; ++jj)
+            *reinterpret_cast<float2*>(dst + jj * 8) =
+                make_float2(o[jj * 4 + 2 * h] * inv, o[jj * 4 + 2 * h + 1] * inv);
+    }
+}
