@@ -6,7 +6,7 @@ use super::rows_common::{threads, OutRead, RowsWorkload};
 use super::{random_matrix, rng_for};
 use crate::bind::rows::EmbedArgs;
 use crate::check::Tolerance;
-use crate::defines::{defines, get_str, Defines};
+use crate::defines::{defines, get_int, get_str, Defines};
 use crate::family::{
     rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
 };
@@ -102,7 +102,7 @@ impl Family for Embed {
         ProblemKind::Rows
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
-        let mut d = defines([("THREADS", 256i64)]);
+        let mut d = defines([("THREADS", 256i64), ("ALGO", 0), ("UNROLL", 1), ("ROWS", 1)]);
         d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
         d
     }
@@ -137,9 +137,28 @@ impl Family for Embed {
         if r.rows == 0 || r.rows > 65535 {
             return Err(format!("{} rows (grid.y holds 1..=65535)", r.rows));
         }
+        let grid = match get_int(d, "ALGO")? {
+            0 => (r.width.div_ceil(th) as u32, r.rows as u32, 1),
+            1 => {
+                let unroll = get_int(d, "UNROLL")?;
+                let rows = get_int(d, "ROWS")?;
+                if !(1..=16).contains(&unroll) {
+                    return Err(format!("UNROLL={unroll} is not in 1..=16"));
+                }
+                if !(1..=8).contains(&rows) {
+                    return Err(format!("ROWS={rows} is not in 1..=8"));
+                }
+                // float4 stores of whole groups of four values.
+                if r.width % 4 != 0 {
+                    return Err(format!("ALGO=1 needs width % 4 == 0, not {}", r.width));
+                }
+                (1, r.rows.div_ceil(rows as usize) as u32, 1)
+            }
+            a => return Err(format!("ALGO={a} is not 0 or 1")),
+        };
         Ok(LaunchGeometry {
             kernel: "embed".into(),
-            grid: (r.width.div_ceil(th) as u32, r.rows as u32, 1),
+            grid,
             block: (th as u32, 1, 1),
             dyn_smem: 0,
         })
