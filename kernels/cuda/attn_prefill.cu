@@ -22,11 +22,9 @@
 //   HEAD_DIM      head width: 256 | 512 (set from the shape)
 //   KV_TYPE       F16 | BF16 | F32 (set from the shape; F32: ALGO 0 only)
 //   SCALAR_WARPS  warps per block of the scalar kernel
-//   BQ            rows (token x head pairs) per CTA: 16 | 32 | 64 | 128
-//                 (ALGO 2: 64 | 128)
+//   BQ            rows (token x head pairs) per CTA: 16 | 32 | 64 | 128 (ALGO 2: 64 | 128)
 //   BKV           keys per tile: 32 | 64 (ALGO 2: 32 | 64 | 128)
-//   WD            ALGO 1: warps splitting S columns and O head dims: 1 | 2 | 4;
-//                 ALGO 2: warpgroups splitting the head dim: 1 | 2
+//   WD            warps splitting S columns and O head dims: 1 | 2 | 4 (ALGO 2: warpgroups splitting the head dim: 1 | 2)
 //   STAGES        K/V tile buffers: 1 | 2
 //   CP_ASYNC      0 | 1: stage K/V with cp.async (ALGO 2: 1)
 //   WINDOWED      0 | 1: skip the KV tiles outside the window
