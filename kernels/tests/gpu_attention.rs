@@ -196,7 +196,20 @@ fn every_attention_variant_passes_on_ragged_shapes() {
         ),
         (
             "attn_decode",
-            vec![vec![("ALGO", 0)], vec![], vec![("SPLITS", 3)]],
+            vec![
+                vec![("ALGO", 0)],
+                vec![],
+                vec![("SPLITS", 3)],
+                vec![
+                    ("ALGO", 2),
+                    ("BKV", 32),
+                    ("KW", 2),
+                    ("STAGES", 2),
+                    ("QSPLIT", 1),
+                ],
+                vec![("ALGO", 2), ("BKV", 16), ("KW", 1), ("STAGES", 3)],
+                vec![("ALGO", 2), ("BKV", 32), ("KW", 2), ("SPLITS", 3)],
+            ],
         ),
     ] {
         let f = family(fname).expect("registered");
@@ -350,18 +363,23 @@ fn decode_grid_planned_for_a_longer_cache_still_computes_the_short_one() {
         q_pos0: 699,
         ..planned
     };
-    let d = defines(f, &[], &planned);
-    let geo = f
-        .validate(&d, &Problem::Attention(planned), &g.limits())
-        .expect("valid");
-    let prob = Problem::Attention(real);
-    let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
-    let m = g.load(&cv).expect("load");
-    let mut wl = f.workload(&g, &d, &prob, &geo, 3).expect("workload");
-    wl.poison(&g).expect("poison");
-    wl.launch(&g, &m, 0).expect("launch");
-    let tol = f.default_tolerance(&d, &prob);
-    let r = wl.evaluate(&g, Contract::Approx, &tol).expect("evaluate");
-    assert!(r.passed, "{}", r.detail);
-    let _ = &mut wl;
+    // The tile loop, and the streaming kernel (whose empty splits must
+    // still write their partials).
+    let streaming: &[(&str, i64)] = &[("ALGO", 2), ("BKV", 32), ("KW", 2), ("QSPLIT", 1)];
+    for v in [&[][..], streaming] {
+        let d = defines(f, v, &planned);
+        let geo = f
+            .validate(&d, &Problem::Attention(planned), &g.limits())
+            .expect("valid");
+        let prob = Problem::Attention(real);
+        let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
+        let m = g.load(&cv).expect("load");
+        let mut wl = f.workload(&g, &d, &prob, &geo, 3).expect("workload");
+        wl.poison(&g).expect("poison");
+        wl.launch(&g, &m, 0).expect("launch");
+        let tol = f.default_tolerance(&d, &prob);
+        let r = wl.evaluate(&g, Contract::Approx, &tol).expect("evaluate");
+        assert!(r.passed, "{v:?}: {}", r.detail);
+        let _ = &mut wl;
+    }
 }

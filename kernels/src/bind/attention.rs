@@ -13,8 +13,9 @@ use crate::family::{AttnProblem, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError, KArg};
 use crate::runtime::Kernel;
 
-/// Most KV splits a decode launch uses (grid.z).
-pub const MAX_SPLITS: usize = 64;
+/// Most KV splits a decode launch uses (grid.z); ATTN_MAX_SPLITS of
+/// kernels/cuda/attn_decode.cu.
+pub const MAX_SPLITS: usize = 256;
 
 /// The buffers and sizes of one attention call.
 #[derive(Clone, Copy, Debug)]

@@ -427,17 +427,10 @@ pub fn workload(
     decode: bool,
 ) -> Result<Box<dyn crate::workload::Workload>, GpuError> {
     let a = *attn_of(p).map_err(GpuError::Rejected)?;
-    let algo = if decode {
-        read(d, &a, &gpu.limits())
-    } else {
-        read_prefill(d, &a, &gpu.limits())
-    }
-    .map_err(GpuError::Rejected)?;
+    // Every ALGO but the scalar one rounds Q (and P) to the cache type.
+    let tensor_cores = get_int(d, "ALGO").map_err(GpuError::Rejected)? != 0;
     let inp = inputs(&a, seed);
-    let op = match (&algo, a.kv_type) {
-        (Algo::Mma(_), t) => Some(t),
-        _ => None,
-    };
+    let op = tensor_cores.then_some(a.kv_type);
     let q_bufs = gpu.upload(&inp.q)?;
     let kc = upload_kv(gpu, a.kv_type, &inp.k)?;
     let vc = upload_kv(gpu, a.kv_type, &inp.v)?;
@@ -464,8 +457,8 @@ pub fn workload(
         window: a.window,
         scratch: scratch.ptr(),
     };
-    let then = match (&algo, decode) {
-        (Algo::Mma(_), true) => vec![(
+    let then = match (tensor_cores, decode) {
+        (true, true) => vec![(
             combine_geometry(&a),
             crate::bind::attention::combine_kargs(&args, splits),
         )],
@@ -513,12 +506,17 @@ pub fn visible_keys(a: &AttnProblem) -> usize {
     a.kv_len() - lo
 }
 
-/// The combine launch of the decode kernel.
+/// The combine launch of the decode kernel: one block per (token, head) row
+/// and 64 head dims (attn_decode.cu).
 pub fn combine_geometry(a: &AttnProblem) -> LaunchGeometry {
     LaunchGeometry {
         kernel: "attn_combine".into(),
-        grid: ((a.n_q * a.n_heads) as u32, 1, 1),
-        block: ((a.head_dim / 2).clamp(32, 256) as u32, 1, 1),
+        grid: (
+            (a.n_q * a.n_heads) as u32,
+            a.head_dim.div_ceil(64) as u32,
+            1,
+        ),
+        block: (256, 1, 1),
         dyn_smem: 0,
     }
 }

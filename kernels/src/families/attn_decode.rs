@@ -1,11 +1,13 @@
 //! `attn_decode`: 1..8 query tokens over a long cache, split-KV on tensor
-//! cores with a combine (flash-decoding), or the scalar kernel; graph-safe
-//! (the position comes from device memory). See kernels/cuda/attn_decode.cu
-//! and `bind::attention`.
+//! cores with a combine (flash-decoding: the prefill tile loop, ALGO 1, or
+//! the streaming kernel of attn_stream.cuh, ALGO 2), or the scalar kernel;
+//! graph-safe (the position comes from device memory). See
+//! kernels/cuda/attn_decode.cu and `bind::attention`.
 
 use super::attention;
+use crate::bind::attention::MAX_SPLITS;
 use crate::check::Tolerance;
-use crate::defines::{defines, Defines};
+use crate::defines::{defines, get_int, Defines};
 use crate::family::{
     attn_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
 };
@@ -38,6 +40,8 @@ impl Family for AttnDecode {
             ("SCALAR_WARPS", 4),
             ("BQ", 16),
             ("BKV", 64),
+            ("KW", 1),
+            ("QSPLIT", 0),
             ("WD", 4),
             ("STAGES", 2),
             ("CP_ASYNC", 1),
@@ -47,10 +51,10 @@ impl Family for AttnDecode {
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
-        attention::contract(d)
+        attention::contract(&as_tile_loop(d))
     }
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
-        attention::tolerance(d, p)
+        attention::tolerance(&as_tile_loop(d), p)
     }
     fn validate(
         &self,
@@ -64,6 +68,10 @@ impl Family for AttnDecode {
                 "decode takes 1..={MAX_TOKENS} query tokens, not {}",
                 a.n_q
             ));
+        }
+        if get_int(d, "ALGO")? == 2 {
+            let t = stream_tile(d, a, lim)?;
+            return Ok(stream_geometry(&t, a, stream_splits(d, &t, a, lim)?));
         }
         let algo = attention::read(d, a, lim)?;
         let z = match &algo {
@@ -81,5 +89,234 @@ impl Family for AttnDecode {
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
         attention::workload(gpu, d, p, geo, seed, true)
+    }
+}
+
+/// ALGO 2 rounds Q, K, V and P to the cache type and sums in f32 as the
+/// tensor-core tile loop (ALGO 1) does, so it has that kernel's contract
+/// and tolerances: the defines with ALGO 2 read as ALGO 1.
+fn as_tile_loop(d: &Defines) -> std::borrow::Cow<'_, Defines> {
+    match get_int(d, "ALGO") {
+        Ok(2) => {
+            let mut d1 = d.clone();
+            d1.insert("ALGO".into(), 1i64.into());
+            std::borrow::Cow::Owned(d1)
+        }
+        _ => std::borrow::Cow::Borrowed(d),
+    }
+}
+
+/// The configuration of the streaming kernel (ALGO 2, attn_stream.cuh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamTile {
+    pub bq: usize,
+    pub bkv: usize,
+    pub kw: usize,
+    pub wd: usize,
+    pub stages: usize,
+    /// QSPLIT: S computed over each dim warp's head dims and summed.
+    pub qsplit: bool,
+}
+
+impl StreamTile {
+    pub fn threads(&self) -> usize {
+        self.kw * self.wd * 32
+    }
+    /// STREAM_SMEM_BYTES of attn_stream.cuh.
+    pub fn smem_bytes(&self, hd: usize) -> usize {
+        let qs = hd + 8;
+        let stages = 2 * self.stages * self.bkv * qs * 2;
+        let merge = (2 * self.kw * self.bq + self.bq * hd) * 4;
+        let sx = if self.qsplit && self.wd > 1 {
+            self.kw * 2 * self.wd * self.bq * 16 * 4
+        } else {
+            0
+        };
+        self.bq * qs * 2 + stages.max(merge) + sx
+    }
+}
+
+fn int_of(d: &Defines, k: &str, allowed: &[i64]) -> Result<usize, String> {
+    crate::family::int_in(d, k, allowed).map(|v| v as usize)
+}
+
+/// Checks the streaming kernel's defines against the problem.
+pub fn stream_tile(
+    d: &Defines,
+    p: &crate::family::AttnProblem,
+    lim: &DeviceLimits,
+) -> Result<StreamTile, String> {
+    p.check()?;
+    let hd = get_int(d, "HEAD_DIM")? as usize;
+    if hd != p.head_dim {
+        return Err(format!(
+            "HEAD_DIM={hd} does not match the shape's head dim {}",
+            p.head_dim
+        ));
+    }
+    if hd % 32 != 0 || hd > 1024 {
+        return Err(format!("head dim {hd} must be a multiple of 32 up to 1024"));
+    }
+    if attention::kv_type(d, p)? == crate::family::KvType::F32 {
+        return Err("the streaming kernel reads F16 or BF16 caches; ALGO=0 reads F32".into());
+    }
+    let t = StreamTile {
+        bq: int_of(d, "BQ", &[16, 32])?,
+        bkv: int_of(d, "BKV", &[16, 32, 64])?,
+        kw: int_of(d, "KW", &[1, 2, 4])?,
+        wd: int_of(d, "WD", &[1, 2, 4])?,
+        stages: int_of(d, "STAGES", &[2, 3, 4])?,
+        qsplit: int_of(d, "QSPLIT", &[0, 1])? == 1,
+    };
+    let g = p.group();
+    if g > t.bq || t.bq % g != 0 {
+        return Err(format!(
+            "BQ={} rows do not hold whole GQA groups of {g} heads",
+            t.bq
+        ));
+    }
+    if (t.bkv / 16) % t.kw != 0 {
+        return Err(format!(
+            "KW={} warps do not split the {} 16-key sub-blocks of a tile evenly",
+            t.kw,
+            t.bkv / 16
+        ));
+    }
+    if (hd / t.wd) % 16 != 0 {
+        return Err(format!(
+            "WD={} leaves {} head dims per warp (need a multiple of 16)",
+            t.wd,
+            hd / t.wd
+        ));
+    }
+    let chunks = hd / 8;
+    if t.threads() % chunks != 0 || (t.bkv * chunks) % t.threads() != 0 {
+        return Err(format!(
+            "{} threads do not copy a tile of {} keys x {chunks} 16-byte chunks evenly",
+            t.threads(),
+            t.bkv
+        ));
+    }
+    // f32 O accumulators per thread: BQ/16 row groups x HD/WD/8 n-tiles x 4.
+    let acc = t.bq / 16 * hd / t.wd / 2;
+    // QSPLIT keeps this warp's Q fragments in registers as well.
+    let q_regs = if t.qsplit {
+        t.bq / 16 * hd / t.wd / 4
+    } else {
+        0
+    };
+    if acc > 64 || acc + q_regs > 128 {
+        return Err(format!(
+            "{acc} f32 O accumulators and {q_regs} Q fragment registers per thread would not fit (raise WD or lower BQ)"
+        ));
+    }
+    let smem = t.smem_bytes(hd);
+    if smem > lim.max_smem_per_block as usize {
+        return Err(format!(
+            "needs {smem} bytes of shared memory, the {} limit is {}",
+            lim.arch, lim.max_smem_per_block
+        ));
+    }
+    Ok(t)
+}
+
+/// KV splits of the streaming kernel: SPLITS, or (0) as many CTAs as fit on
+/// the device at once at the planned length (shared memory bounds the CTAs
+/// per SM), each with at least one key tile.
+pub fn stream_splits(
+    d: &Defines,
+    t: &StreamTile,
+    p: &crate::family::AttnProblem,
+    lim: &DeviceLimits,
+) -> Result<usize, String> {
+    let s = crate::family::int_range(d, "SPLITS", 0, MAX_SPLITS as i64)? as usize;
+    if s > 0 {
+        return Ok(s);
+    }
+    let keys = if p.window > 0 {
+        (p.window + p.n_q).min(p.kv_len())
+    } else {
+        p.kv_len()
+    };
+    let tiles = keys.div_ceil(t.bkv) + 1;
+    // 1 KiB of shared memory per CTA is the driver's reservation.
+    let per_sm = ((lim.max_smem_per_block as usize + 1024) / (t.smem_bytes(p.head_dim) + 1024))
+        .clamp(1, 2048 / t.threads());
+    let ctas = p.n_q.div_ceil(t.bq / p.group()) * p.n_kv_heads;
+    let want = (lim.sm_count as usize * per_sm).div_ceil(ctas.max(1));
+    Ok(want.min(tiles).clamp(1, MAX_SPLITS))
+}
+
+/// The launch of the streaming kernel with `z` splits.
+pub fn stream_geometry(t: &StreamTile, p: &crate::family::AttnProblem, z: usize) -> LaunchGeometry {
+    LaunchGeometry {
+        kernel: "attn_decode".into(),
+        grid: (
+            p.n_q.div_ceil(t.bq / p.group()) as u32,
+            p.n_kv_heads as u32,
+            z as u32,
+        ),
+        block: (t.threads() as u32, 1, 1),
+        dyn_smem: t.smem_bytes(p.head_dim) as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::Arch;
+    use crate::family::{AttnProblem, KvType};
+
+    fn stream_defines(hd: i64, bq: i64, bkv: i64, kw: i64, wd: i64, stages: i64) -> Defines {
+        let mut d = AttnDecode.default_defines(crate::quant::GgmlType::Q8_0);
+        for (k, v) in [
+            ("ALGO", 2i64),
+            ("HEAD_DIM", hd),
+            ("BQ", bq),
+            ("BKV", bkv),
+            ("KW", kw),
+            ("WD", wd),
+            ("STAGES", stages),
+        ] {
+            d.insert(k.into(), v.into());
+        }
+        d
+    }
+
+    #[test]
+    fn streaming_tiles_fit_and_fill_the_device() {
+        let lim = DeviceLimits::for_arch(Arch(90));
+        // E4B full-layer decode: hd 512, 2 KV heads of 4 query heads.
+        let p = AttnProblem {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 512,
+            window: 0,
+            q_pos0: 16383,
+            n_q: 1,
+            capacity: 16384,
+            kv_type: KvType::F16,
+        };
+        let d = stream_defines(512, 16, 32, 2, 4, 3);
+        let t = stream_tile(&d, &p, &lim).expect("fits");
+        assert!(t.smem_bytes(512) <= lim.max_smem_per_block as usize);
+        let z = stream_splits(&d, &t, &p, &lim).expect("splits");
+        // One CTA per SM (the stages take most of shared memory).
+        assert_eq!(z * p.n_kv_heads, 132);
+        // 32 rows at hd 512 would need 128 accumulators per thread.
+        let d32 = stream_defines(512, 32, 32, 2, 4, 3);
+        assert!(stream_tile(&d32, &p, &lim).is_err());
+        // Over a 512-key window a split gets at least one tile.
+        let w = AttnProblem {
+            head_dim: 256,
+            window: 512,
+            capacity: 2559,
+            ..p
+        };
+        let dw = stream_defines(256, 16, 32, 2, 2, 2);
+        let tw = stream_tile(&dw, &w, &lim).expect("fits");
+        assert!(stream_splits(&dw, &tw, &w, &lim).expect("splits") <= 512 / 32 + 2);
+        // The contract is the tensor-core one.
+        assert_eq!(AttnDecode.contract(&d), Contract::Approx);
     }
 }
