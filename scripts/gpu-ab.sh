@@ -6,12 +6,14 @@
 # SET swa:      main vs flash-swa on E4B Q8_0 at 4096 and 16384 prompt tokens,
 #               and on 12B Q4_0 at 4096 (synthetic models, written into /tmp
 #               and deleted after).
+# SET attn:     attn-mma vs main (the wgmma prefill attention end to end) and
+#               main vs flash-swa on E4B Q8_0 at 4096 prompt tokens.
 # SET profiles: main vs cublas, mma-sync, dp4a, mmq and strict on bench's
 #               default model (synthetic E4B Q8_0), pp2048 + tg128.
 # Each SET fits a 10-minute slot on an H100. AB_REPS (default 12) sets --reps.
 set -u
 out=${1:?OUTDIR}
-set_=${2:?SET (swa | profiles)}
+set_=${2:?SET (swa | attn | profiles)}
 bin=${GEMTUNE:-$PWD/.gpu/bin/gemtune}
 reps=${AB_REPS:-12}
 mkdir -p "$out"
@@ -41,13 +43,19 @@ swa)
     ab 12b-q4_0-p4096-flash-swa --baseline main --candidate flash-swa -m "$f" -p 4096 -n 128
     rm -f "$f"
     ;;
+attn)
+    f=$(synth e4b q8_0)
+    ab e4b-q8_0-p4096-attn-mma --baseline attn-mma --candidate main -m "$f" -p 4096 -n 128
+    ab e4b-q8_0-p4096-flash-swa --baseline main --candidate flash-swa -m "$f" -p 4096 -n 128
+    rm -f "$f"
+    ;;
 profiles)
     for p in cublas mma-sync dp4a mmq strict; do
         ab "e4b-q8_0-$p" --baseline main --candidate "$p" -p 2048 -n 128
     done
     ;;
 *)
-    echo "unknown SET '$set_' (swa | profiles)" >&2
+    echo "unknown SET '$set_' (swa | attn | profiles)" >&2
     exit 4
     ;;
 esac

@@ -4,7 +4,7 @@
 # directory (at most 7 files: check.csv, results.csv, summary.md, PNGs) under
 # OUT_ROOT, so a phase's results fit a transfer of 8 files.
 #
-# usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-more|attn|rows|all]
+# usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-more|attn|attn-prefill|attn-decode|rows|all]
 #   check         gemtune check over every family (GPU), a shape subset that keeps the oracle fast
 #   gemv          tune gemv on E4B decode shapes, 1/2/4/8 tokens, l2 and dram
 #   prefill       tune mmq,gemm_dq side by side on E4B FFN shapes at N = 2048 (+512, 4096)
@@ -12,13 +12,14 @@
 #   attn          tune attn_prefill (l2) and attn_decode (dram) on attn.toml: the
 #                 prefill figures at 4096 tokens (hd 256 / 512 causal, window 512),
 #                 12B/31B heads, chunked and partial-tile cases; decode over 16K keys
+#                 (attn-prefill / attn-decode: one of the two, for one 10-minute slot each)
 #   rows          tune the row-wise families on elementwise_tune.toml (dram)
 #   all           every phase above (needs more than one 10-minute slot)
 # Environment: GEMTUNE (binary; default target/release/gemtune, built if missing),
 # GEMTUNE_BUDGET_MS (timing budget per cell, default 150).
 set -euo pipefail
 
-out_root=${1:?usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-more|attn|rows|all]}
+out_root=${1:?usage: scripts/gpu-tune.sh OUT_ROOT [check|gemv|prefill|prefill-more|attn|attn-prefill|attn-decode|rows|all]}
 phase=${2:-all}
 cd "$(dirname "$0")/.."
 
@@ -73,10 +74,12 @@ prefill-more | all)
         --shape 12b.ffn_up --shape 12b.ffn_down --shape e4b.attn_q --shape e4b.attn_output --tokens 2048 \
         --out "$out_root/prefill-more"
     ;;&
-attn | all)
+attn | attn-prefill | all)
     run_phase attn-prefill "${tune[@]}" attn_prefill --shapes attn.toml --regime l2 \
         --shape e4b.swa --shape e4b.full --shape 12b.full --shape 12b.swa --shape 31b.swa \
         --shape e4b.chunk --shape e4b.kv --out "$out_root/attn-prefill"
+    ;;&
+attn | attn-decode | all)
     run_phase attn-decode "${tune[@]}" attn_decode --shapes attn.toml --regime dram \
         --shape e4b.dec --shape 12b.dec --out "$out_root/attn-decode"
     ;;&
@@ -86,7 +89,7 @@ rows | all)
             --shape "$fam." --out "$out_root/rows-$fam"
     done
     ;;
-check | gemv | prefill | prefill-more | attn) ;;
+check | gemv | prefill | prefill-more | attn | attn-prefill | attn-decode) ;;
 *)
     echo "unknown phase '$phase'" >&2
     exit 4

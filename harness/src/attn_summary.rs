@@ -113,14 +113,87 @@ fn prefill_rows(rows: &[TuneRow]) -> Vec<(&TuneRow, AttnShape)> {
 }
 
 /// Appends the anchor and window tables when the run timed `attn_prefill`
-/// at shapes they apply to; nothing otherwise.
+/// at shapes they apply to, and the launch-floor table for `attn_decode`;
+/// nothing otherwise.
 pub fn section(s: &mut String, rows: &[TuneRow]) {
-    let rows = prefill_rows(rows);
-    if rows.is_empty() {
+    let pre = prefill_rows(rows);
+    if !pre.is_empty() {
+        anchors_table(s, &pre);
+        window_table(s, &pre);
+    }
+    decode_floor_table(s, rows);
+}
+
+/// Kernel launches of one decode call: the split kernel and its combine on
+/// tensor cores (every ALGO but 0), the scalar kernel alone.
+fn decode_launches(defines: &str) -> usize {
+    let algo = defines
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("ALGO="))
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(1);
+    if algo == 0 {
+        1
+    } else {
+        2
+    }
+}
+
+/// Each decode shape's fastest variant against the launch-latency floor of
+/// its launches (the device's measured empty-launch time per launch).
+fn decode_floor_table(s: &mut String, rows: &[TuneRow]) {
+    let mut keys: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.family == "attn_decode" && !r.is_reference() && r.is_timed())
+        .map(|r| (r.shape.clone(), r.regime.clone()))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let mut lines = Vec::new();
+    for (shape, regime) in &keys {
+        let Some(b) = rows
+            .iter()
+            .filter(|r| {
+                r.family == "attn_decode"
+                    && !r.is_reference()
+                    && r.is_timed()
+                    && &r.shape == shape
+                    && &r.regime == regime
+            })
+            .min_by(|a, b| a.median_us.total_cmp(&b.median_us))
+        else {
+            continue;
+        };
+        if b.launch_floor_us <= 0.0 {
+            continue;
+        }
+        let n = decode_launches(&b.defines);
+        let floor = n as f64 * b.launch_floor_us;
+        lines.push(format!(
+            "| {shape} | {regime} | `{}` | {:.2} | {n} | {:.2} | {:.2}x | {:.1} |",
+            b.variant,
+            b.median_us,
+            floor,
+            b.median_us / floor,
+            100.0 * b.gbps / b.hbm_gbps.max(1e-9)
+        ));
+    }
+    if lines.is_empty() {
         return;
     }
-    anchors_table(s, &rows);
-    window_table(s, &rows);
+    let _ = writeln!(
+        s,
+        "## attn_decode against the launch floor and HBM
+
+The fastest variant per shape; `floor` is its launches per call times the device's measured launch floor (an empty kernel enqueued back to back), `% HBM` its KV and activation bytes per second over the measured HBM read rate.
+
+| shape | regime | best | median us | launches | floor us | over floor | % HBM |
+|---|---|---|---:|---:|---:|---:|---:|"
+    );
+    for l in lines {
+        let _ = writeln!(s, "{l}");
+    }
+    let _ = writeln!(s);
 }
 
 fn best_at<'a>(
@@ -285,6 +358,35 @@ mod tests {
         // the window by time (179 / 60).
         assert!(s.contains("FlexAttention 179 us | 2.98x |"), "{s}");
         assert!(s.contains("cuDNN 376 TFLOP/s"), "{s}");
+    }
+
+    #[test]
+    fn decode_rows_are_set_against_their_launches() {
+        let mut r = row(
+            "e4b.dec_w512@m=1",
+            "stream",
+            "attn heads=8/2 hd=256 window=512 q=16376..16377 cap=2559 kv=F16",
+            10.0,
+            1,
+        );
+        r.family = "attn_decode".into();
+        r.defines = "ALGO=2 BKV=32".into();
+        r.launch_floor_us = 2.5;
+        r.gbps = 100.0;
+        r.hbm_gbps = 3000.0;
+        let mut scalar = r.clone();
+        scalar.variant = "baseline".into();
+        scalar.defines = "ALGO=0".into();
+        scalar.median_us = 400.0;
+        let mut s = String::new();
+        section(&mut s, &[r, scalar]);
+        // Two launches (split kernel + combine): floor 5 us, 2.00x.
+        assert!(
+            s.contains("| `stream` | 10.00 | 2 | 5.00 | 2.00x | 3.3 |"),
+            "{s}"
+        );
+        assert_eq!(decode_launches("ALGO=0 X=1"), 1);
+        assert_eq!(decode_launches("ALGO=1"), 2);
     }
 
     #[test]

@@ -121,6 +121,10 @@ pub struct TuneRow {
     pub roof_why: String,
     pub hbm_gbps: f64,
     pub l2_gbps: f64,
+    /// The device's measured launch-latency floor, us per launch (0 in
+    /// files written before it was measured).
+    #[serde(default)]
+    pub launch_floor_us: f64,
     pub registers: u32,
     pub spill_bytes: u32,
     pub static_smem: u32,

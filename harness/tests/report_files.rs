@@ -93,6 +93,7 @@ fn tune_row(
         roof_why: "mma.s8 binds: 1882 op/B is above the ridge 418 op/B of mma.s8 over HBM".into(),
         hbm_gbps: 3100.25,
         l2_gbps: 7300.5,
+        launch_floor_us: 2.1,
         registers: regs,
         spill_bytes: 0,
         static_smem: 0,

@@ -314,6 +314,12 @@ pub struct Ceilings {
     pub l2_read_gbps: f64,
     pub hbm_buffer_bytes: u64,
     pub l2_buffer_bytes: u64,
+    /// Launch-latency floor: the time per launch of an empty kernel (the
+    /// probe over zero bytes, one block per SM) enqueued back to back and
+    /// bracketed the way `measure` brackets a sample, us. A call of k
+    /// dependent launches cannot take less than k floors.
+    #[serde(default)]
+    pub launch_floor_us: f64,
 }
 
 /// HBM and L2 read bandwidth with the 16-byte-load stream kernel
@@ -377,11 +383,32 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<Ceilings, GpuError> {
     };
     let hbm = measure(hbm_bytes, 1)?;
     let l2bw = measure(l2_bytes, 40)?;
+    // The launch floor: 200 empty launches per sample, median of 11.
+    let floor_geo = LaunchGeometry {
+        grid: (gpu.info().sm_count, 1, 1),
+        ..geo.clone()
+    };
+    let empty = [big.arg(), KArg::U64(0), KArg::I32(1), sink.arg()];
+    gpu.launch(&module, &floor_geo, &empty)?;
+    let evs: Vec<_> = (0..12).map(|_| gpu.event()).collect::<Result<_, _>>()?;
+    gpu.record(&evs[0])?;
+    for e in &evs[1..] {
+        for _ in 0..200 {
+            gpu.launch(&module, &floor_geo, &empty)?;
+        }
+        gpu.record(e)?;
+    }
+    let mut t: Vec<f64> = evs
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64 * 1000.0 / 200.0))
+        .collect::<Result<_, _>>()?;
+    t.sort_by(f64::total_cmp);
     gpu.check_async()?;
     Ok(Ceilings {
         hbm_read_gbps: hbm,
         l2_read_gbps: l2bw,
         hbm_buffer_bytes: hbm_bytes,
         l2_buffer_bytes: l2_bytes,
+        launch_floor_us: quantile_sorted(&t, 0.5),
     })
 }

@@ -93,7 +93,7 @@ fn windowed_kernel_visits_exactly_the_band_tiles() {
         (swa(300, 700, 512), 1, 32, 32, 4),
         (swa(64, 1999, 512), 1, 64, 64, 2),
         (swa(1024, 0, 512), 2, 128, 64, 1),
-        (swa(300, 700, 512), 2, 64, 128, 1),
+        (swa(300, 700, 512), 2, 64, 32, 1),
     ] {
         let t = Tile {
             bq: bq as usize,

@@ -183,6 +183,7 @@ fn untimed_row(
         roof_why: String::new(),
         hbm_gbps: cx.ceil.hbm_read_gbps,
         l2_gbps: cx.ceil.l2_read_gbps,
+        launch_floor_us: cx.ceil.launch_floor_us,
         registers: id.resources.0,
         spill_bytes: id.resources.1,
         static_smem: id.resources.2,
@@ -610,6 +611,13 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         ("NVRTC".into(), nvrtc.clone()),
         ("HBM read (measured)".into(), format!("{:.0} GB/s", ceil.hbm_read_gbps)),
         ("L2 read (measured)".into(), format!("{:.0} GB/s", ceil.l2_read_gbps)),
+        (
+            "launch floor (measured)".into(),
+            format!(
+                "{:.2} us per launch (an empty kernel, one block per SM, enqueued back to back)",
+                ceil.launch_floor_us
+            ),
+        ),
         (
             "instruction peaks".into(),
             peaks.map_or("none known for this device: % of roof uses bandwidth only".to_string(), |p| {
