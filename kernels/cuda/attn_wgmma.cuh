@@ -30,8 +30,14 @@
 //      shared layout, 64 head dims per 128-byte row, so the descriptor's
 //      leading offset steps 64 dims (one block, BKV rows apart) and its
 //      stride offset steps 8 keys (1024 bytes).
-// K/V tiles arrive by cp.async into STAGES buffers (the next tile loading
-// while this one is computed when STAGES = 2); every thread issues copies.
+// Every thread issues cp.async copies of K/V rows into the swizzled tiles.
+// STAGES = 1: one K and one V buffer; each tile is copied, waited for, and
+// run through the three steps in turn. STAGES = 2: two K and two V buffers
+// and PV one tile behind: step j issues S_j and P_{j-1} V_{j-1} together,
+// runs the softmax of tile j on the CUDA cores while the tensor cores finish
+// PV, and copies K_{j+1} and V_j meanwhile (one CTA barrier per step).
+// Query tiles are launched last first (blockIdx.x counts down the
+// sequence): under a causal bound the last tiles see the most keys.
 // Contract approx, like ALGO = 1: Q, K, V and P rounded to the cache type,
 // f32 scores, softmax and accumulation.
 //
@@ -249,8 +255,8 @@ template <int N> DEVI void fence_frags(u32 (&r)[N][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
-// Per-thread state of the tile loop: the score tile, the two rows' running
-// max and (thread-partial) sum, and everything fixed per CTA.
+// What the tile loop's helpers read that is fixed for the CTA (buffers,
+// bounds) or for the thread (its rows and its share of the copies).
 struct AttnCta {
     u32 s_q, s_k, s_v;      // shared: Q, K buffers, V buffers
     float* xs;              // score exchange (WD = 2)
@@ -271,6 +277,9 @@ struct AttnCta {
 #define LITERS (BKV / LSTEP)
 #if NTHREADS % LCHUNKS != 0 || BKV % LSTEP != 0 || (BQ * LCHUNKS / NTHREADS) % 8 != 0
 #error "the Q and K/V copies do not divide evenly over the threads"
+#endif
+#if (2 * LSTEP) % 8 != 0
+#error "copy rows two steps apart must share their swizzle (LSTEP a multiple of 4)"
 #endif
 
 // Shared offset of this thread's chunk in copy row `it` (rows kr0 + it
