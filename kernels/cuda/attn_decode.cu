@@ -27,7 +27,7 @@
 //   BQ            rows (token x head pairs) per CTA: 16 | 32 | 64 (ALGO 2: 16 | 32)
 //   BKV           keys per tile: 32 | 64 (ALGO 2: 16 | 32 | 64)
 //   KW            ALGO 2: warps splitting each tile's 16-key sub-blocks: 1 | 2 | 4
-//   WD            warps splitting S columns (ALGO 1) and O head dims: 1 | 2 | 4
+//   WD            warps splitting S columns (ALGO 1) and O head dims: 1 | 2 | 4 (ALGO 2: | 8)
 //   QSPLIT        ALGO 2: 0 every dim warp computes S over the whole head dim |
 //                 1 over its own head dims, the partials summed in shared memory
 //   STAGES        K/V tile buffers: 1 | 2 (ALGO 2: 2 | 3 | 4)

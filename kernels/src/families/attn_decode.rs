@@ -164,7 +164,7 @@ pub fn stream_tile(
         bq: int_of(d, "BQ", &[16, 32])?,
         bkv: int_of(d, "BKV", &[16, 32, 64])?,
         kw: int_of(d, "KW", &[1, 2, 4])?,
-        wd: int_of(d, "WD", &[1, 2, 4])?,
+        wd: int_of(d, "WD", &[1, 2, 4, 8])?,
         stages: int_of(d, "STAGES", &[2, 3, 4])?,
         qsplit: int_of(d, "QSPLIT", &[0, 1])? == 1,
     };
