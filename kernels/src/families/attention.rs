@@ -54,6 +54,7 @@ impl Tile {
 }
 
 /// The variant's algorithm: the scalar kernel or the tensor-core tiles.
+#[derive(Debug)]
 pub enum Algo {
     Scalar { warps: usize },
     Mma(Tile),
@@ -600,5 +601,72 @@ mod tests {
         p.kv_type = KvType::F32;
         d.insert("KV_TYPE".into(), "F32".into());
         assert!(read(&d, &p, &lim).is_err());
+    }
+
+    fn wgmma_defines(hd: i64, bq: i64, bkv: i64, wd: i64, stages: i64) -> Defines {
+        let mut d = Defines::new();
+        for (k, v) in [
+            ("ALGO", 2i64),
+            ("HEAD_DIM", hd),
+            ("SCALAR_WARPS", 4),
+            ("BQ", bq),
+            ("BKV", bkv),
+            ("WD", wd),
+            ("STAGES", stages),
+            ("CP_ASYNC", 1),
+        ] {
+            d.insert(k.into(), v.into());
+        }
+        d.insert("KV_TYPE".into(), "F16".into());
+        d
+    }
+
+    #[test]
+    fn wgmma_tiles_are_prefill_and_hopper_only_and_sized_like_the_kernel() {
+        let h100 = DeviceLimits::for_arch(Arch(90));
+        let p = prob(4096, 0, 512, 4096);
+        let d = wgmma_defines(256, 128, 64, 1, 2);
+        // The kernel's ATTN_SMEM_BYTES: slack + Q + 2 stages of K and V.
+        match read_prefill(&d, &p, &h100).expect("the main profile's tile") {
+            Algo::Mma(t) => {
+                assert!(t.wgmma);
+                assert_eq!(t.threads(), 256);
+                assert_eq!(t.smem_bytes(256), 1024 + 128 * 256 * 2 + 2 * 4 * 64 * 256);
+            }
+            Algo::Scalar { .. } => panic!("ALGO=2 read as the scalar kernel"),
+        }
+        // Decode has no wgmma loop; other architectures have no wgmma.
+        assert!(read(&d, &p, &h100).unwrap_err().contains("ALGO=2"));
+        for arch in [80, 89] {
+            let e = read_prefill(&d, &p, &DeviceLimits::for_arch(Arch(arch))).unwrap_err();
+            assert!(e.contains("sm_90a"), "{e}");
+        }
+        // Head dim 512 needs two warpgroups per 64 rows (slices of 256),
+        // plus the score exchange in shared memory.
+        let mut p512 = p;
+        p512.head_dim = 512;
+        p512.window = 0;
+        let e = read_prefill(&wgmma_defines(512, 64, 64, 1, 1), &p512, &h100).unwrap_err();
+        assert!(e.contains("slices of 512"), "{e}");
+        match read_prefill(&wgmma_defines(512, 64, 64, 2, 1), &p512, &h100).expect("hd 512") {
+            Algo::Mma(t) => assert_eq!(
+                t.smem_bytes(512),
+                1024 + 64 * 512 * 2 + 4 * 64 * 512 + 256 * 32 * 4
+            ),
+            Algo::Scalar { .. } => panic!("ALGO=2 read as the scalar kernel"),
+        }
+        let e = read_prefill(&wgmma_defines(512, 64, 64, 2, 2), &p512, &h100).unwrap_err();
+        assert!(e.contains("shared memory"), "{e}");
+        // f32 caches and synchronous copies are the other kernels' business.
+        let mut d32 = wgmma_defines(256, 128, 64, 1, 2);
+        d32.insert("KV_TYPE".into(), "F32".into());
+        let mut p32 = p;
+        p32.kv_type = KvType::F32;
+        assert!(read_prefill(&d32, &p32, &h100).unwrap_err().contains("F32"));
+        let mut dsync = wgmma_defines(256, 128, 64, 1, 2);
+        dsync.insert("CP_ASYNC".into(), 0i64.into());
+        assert!(read_prefill(&dsync, &p, &h100)
+            .unwrap_err()
+            .contains("CP_ASYNC"));
     }
 }
