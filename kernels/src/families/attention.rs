@@ -588,9 +588,7 @@ mod tests {
         d.insert("KV_TYPE".into(), "F16".into());
         let mut p = prob(64, 0, 0, 64);
         p.head_dim = 512;
-        let e = read(&d, &p, &lim)
-            .err()
-            .expect("too much smem or registers");
+        let e = read(&d, &p, &lim).expect_err("too much smem or registers");
         assert!(
             e.contains("shared memory") || e.contains("registers"),
             "{e}"
