@@ -51,6 +51,31 @@ impl Tile {
             + self.bq * (self.bkv + 8) * 2
             + 3 * self.bq * 4
     }
+    /// The tile's rows hold whole GQA groups of the problem.
+    fn check_group(&self, p: &AttnProblem) -> Result<(), String> {
+        let g = p.group();
+        if g > self.bq || self.bq % g != 0 {
+            return Err(format!(
+                "BQ={} rows do not hold whole GQA groups of {g} heads",
+                self.bq
+            ));
+        }
+        Ok(())
+    }
+    /// Its threads and shared memory fit one block of the device.
+    fn check_fits(&self, hd: usize, lim: &DeviceLimits) -> Result<(), String> {
+        if self.threads() > lim.max_threads_per_block as usize {
+            return Err(format!("{} threads per block", self.threads()));
+        }
+        let smem = self.smem_bytes(hd);
+        if smem > lim.max_smem_per_block as usize {
+            return Err(format!(
+                "needs {smem} bytes of shared memory, the {} limit is {}",
+                lim.arch, lim.max_smem_per_block
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The variant's algorithm: the scalar kernel or the tensor-core tiles.
@@ -77,6 +102,23 @@ pub fn kv_type(d: &Defines, p: &AttnProblem) -> Result<KvType, String> {
     Ok(t)
 }
 
+/// The problem's consistency, and the HEAD_DIM and KV_TYPE defines bound
+/// to it (every attention kernel's first checks).
+pub fn head_dim_and_cache(d: &Defines, p: &AttnProblem) -> Result<(usize, KvType), String> {
+    p.check()?;
+    let hd = get_int(d, "HEAD_DIM")? as usize;
+    if hd != p.head_dim {
+        return Err(format!(
+            "HEAD_DIM={hd} does not match the shape's head dim {}",
+            p.head_dim
+        ));
+    }
+    if hd % 32 != 0 || hd > 1024 {
+        return Err(format!("head dim {hd} must be a multiple of 32 up to 1024"));
+    }
+    Ok((hd, kv_type(d, p)?))
+}
+
 /// Checks the defines shared by both families against the problem (the
 /// decode kernel has no wgmma loop: ALGO = 2 is prefill's, `read_prefill`).
 pub fn read(d: &Defines, p: &AttnProblem, lim: &DeviceLimits) -> Result<Algo, String> {
@@ -97,18 +139,7 @@ fn read_algo(
     lim: &DeviceLimits,
     wgmma_ok: bool,
 ) -> Result<Algo, String> {
-    p.check()?;
-    let hd = get_int(d, "HEAD_DIM")? as usize;
-    if hd != p.head_dim {
-        return Err(format!(
-            "HEAD_DIM={hd} does not match the shape's head dim {}",
-            p.head_dim
-        ));
-    }
-    if hd % 32 != 0 || hd > 1024 {
-        return Err(format!("head dim {hd} must be a multiple of 32 up to 1024"));
-    }
-    let kv = kv_type(d, p)?;
+    let (hd, kv) = head_dim_and_cache(d, p)?;
     match get_int(d, "ALGO")? {
         0 => {
             let w = crate::family::int_range(d, "SCALAR_WARPS", 1, 32)? as usize;
@@ -128,13 +159,7 @@ fn read_algo(
                 wgmma: false,
             };
             int_of(d, "CP_ASYNC", &[0, 1])?;
-            let g = p.group();
-            if g > t.bq || t.bq % g != 0 {
-                return Err(format!(
-                    "BQ={} rows do not hold whole GQA groups of {g} heads",
-                    t.bq
-                ));
-            }
+            t.check_group(p)?;
             if t.bkv / t.wd < 8 || (hd / t.wd) % 16 != 0 {
                 return Err(format!(
                     "WD={} leaves {} S columns / {} head dims per warp (need >= 8 / a multiple of 16)",
@@ -143,22 +168,13 @@ fn read_algo(
                     hd / t.wd
                 ));
             }
-            if t.threads() > lim.max_threads_per_block as usize {
-                return Err(format!("{} threads per block", t.threads()));
-            }
             if hd / t.wd / 2 > 128 {
                 return Err(format!(
                     "{} f32 O accumulators per thread would not fit in registers (raise WD)",
                     hd / t.wd / 2
                 ));
             }
-            let smem = t.smem_bytes(hd);
-            if smem > lim.max_smem_per_block as usize {
-                return Err(format!(
-                    "needs {smem} bytes of shared memory, the {} limit is {}",
-                    lim.arch, lim.max_smem_per_block
-                ));
-            }
+            t.check_fits(hd, lim)?;
             Ok(Algo::Mma(t))
         }
         2 if wgmma_ok => read_wgmma(d, p, lim, hd, kv),
@@ -195,13 +211,7 @@ fn read_wgmma(
         stages: int_of(d, "STAGES", &[1, 2])?,
         wgmma: true,
     };
-    let g = p.group();
-    if g > t.bq || t.bq % g != 0 {
-        return Err(format!(
-            "BQ={} rows do not hold whole GQA groups of {g} heads",
-            t.bq
-        ));
-    }
+    t.check_group(p)?;
     let slice = hd / t.wd;
     if hd % t.wd != 0 || (slice != 128 && slice != 256) {
         return Err(format!(
@@ -209,16 +219,7 @@ fn read_wgmma(
             t.wd
         ));
     }
-    if t.threads() > lim.max_threads_per_block as usize {
-        return Err(format!("{} threads per block", t.threads()));
-    }
-    let smem = t.smem_bytes(hd);
-    if smem > lim.max_smem_per_block as usize {
-        return Err(format!(
-            "needs {smem} bytes of shared memory, the {} limit is {}",
-            lim.arch, lim.max_smem_per_block
-        ));
-    }
+    t.check_fits(hd, lim)?;
     Ok(Algo::Mma(t))
 }
 

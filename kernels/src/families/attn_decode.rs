@@ -146,18 +146,8 @@ pub fn stream_tile(
     p: &crate::family::AttnProblem,
     lim: &DeviceLimits,
 ) -> Result<StreamTile, String> {
-    p.check()?;
-    let hd = get_int(d, "HEAD_DIM")? as usize;
-    if hd != p.head_dim {
-        return Err(format!(
-            "HEAD_DIM={hd} does not match the shape's head dim {}",
-            p.head_dim
-        ));
-    }
-    if hd % 32 != 0 || hd > 1024 {
-        return Err(format!("head dim {hd} must be a multiple of 32 up to 1024"));
-    }
-    if attention::kv_type(d, p)? == crate::family::KvType::F32 {
+    let (hd, kv) = attention::head_dim_and_cache(d, p)?;
+    if kv == crate::family::KvType::F32 {
         return Err("the streaming kernel reads F16 or BF16 caches; ALGO=0 reads F32".into());
     }
     let t = StreamTile {
