@@ -40,9 +40,8 @@
 
 #include "stage_copy.cuh"
 
-#define F16 1
-#define BF16 2
-#define F32 3
+#include "attn_operand.cuh"
+
 #if KV_TYPE != F16 && KV_TYPE != BF16
 #error "the tensor-core attention kernels read F16 or BF16 caches"
 #endif
@@ -63,28 +62,6 @@
 #if SNT < 1 || ONT % 2 != 0 || (BKV % 16) != 0 || (HD % 16) != 0
 #error "bad attention tile: BKV/WD must be >= 8, HD/WD a multiple of 16"
 #endif
-
-DEVI u32 op_pack(float lo, float hi) {
-#if KV_TYPE == F16
-    return pack_f16x2(lo, hi);
-#else
-    return pack_bf16x2(lo, hi);
-#endif
-}
-DEVI float op_round(float v) {
-#if KV_TYPE == F16
-    return h2f((u16)(pack_f16x2(v, 0.0f) & 0xffffu));
-#else
-    return __uint_as_float((pack_bf16x2(v, 0.0f) & 0xffffu) << 16);
-#endif
-}
-DEVI void op_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if KV_TYPE == F16
-    mma_f16_16816(d, a, b0, b1);
-#else
-    mma_bf16_16816(d, a, b0, b1);
-#endif
-}
 
 // Bytes of dynamic shared memory the kernel needs.
 #define ATTN_SMEM_BYTES                                                              \

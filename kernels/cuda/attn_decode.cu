@@ -72,6 +72,7 @@
 #endif
 
 #include "common.cuh"
+#include "attn_operand.cuh"
 
 // Most splits a launch may have (bind::attention::MAX_SPLITS).
 #define ATTN_MAX_SPLITS 256

@@ -65,6 +65,7 @@
 #endif
 
 #include "common.cuh"
+#include "attn_operand.cuh"
 
 #if ALGO == 0
 #define ATTN_SCALAR_ENTRY attn_prefill

@@ -42,9 +42,8 @@
 
 #pragma once
 
-#define F16 1
-#define BF16 2
-#define F32 3
+#include "attn_operand.cuh"
+
 #if KV_TYPE != F16 && KV_TYPE != BF16
 #error "the streaming decode kernel reads F16 or BF16 caches"
 #endif
@@ -66,36 +65,6 @@
     (BKV * CHUNKS) % NTHREADS != 0 || NTHREADS % CHUNKS != 0 || STAGES < 2
 #error "bad streaming decode tile: BQ, BKV multiples of 16, KW | BKV/16, HD/WD a multiple of 16, HD/8 | threads"
 #endif
-
-DEVI u32 st_pack(float lo, float hi) {
-#if KV_TYPE == F16
-    return pack_f16x2(lo, hi);
-#else
-    return pack_bf16x2(lo, hi);
-#endif
-}
-// The two operand-type values of a packed word, as f32.
-DEVI float st_lo(u32 w) {
-#if KV_TYPE == F16
-    return h2f((u16)(w & 0xffffu));
-#else
-    return __uint_as_float(w << 16);
-#endif
-}
-DEVI float st_hi(u32 w) {
-#if KV_TYPE == F16
-    return h2f((u16)(w >> 16));
-#else
-    return __uint_as_float(w & 0xffff0000u);
-#endif
-}
-DEVI void st_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if KV_TYPE == F16
-    mma_f16_16816(d, a, b0, b1);
-#else
-    mma_bf16_16816(d, a, b0, b1);
-#endif
-}
 
 #define STREAM_STAGE_BYTES (2 * STAGES * BKV * QSTRIDE * 2)
 #define STREAM_MERGE_BYTES ((2 * KW * BQ + BQ * HD) * 4)
@@ -159,7 +128,7 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
             const int t = t0 + r / G, h = kvh * G + r % G;
             v = reinterpret_cast<const float2*>(q + ((u64)t * n_heads + h) * HD)[c2];
         }
-        reinterpret_cast<u32*>(Qs + r * QSTRIDE)[c2] = st_pack(v.x, v.y);
+        reinterpret_cast<u32*>(Qs + r * QSTRIDE)[c2] = op_pack(v.x, v.y);
     }
 
 #if QSPLIT
@@ -242,8 +211,8 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
                 ldmatrix_x4(smem_addr(krow + wd * OCOLS + kq * 16), b[0], b[1], b[2], b[3]);
 #pragma unroll
                 for (int rg = 0; rg < RG; ++rg) {
-                    st_mma(s[rg][0], qa[rg][kq], b[0], b[1]);
-                    st_mma(s[rg][1], qa[rg][kq], b[2], b[3]);
+                    op_mma(s[rg][0], qa[rg][kq], b[0], b[1]);
+                    op_mma(s[rg][1], qa[rg][kq], b[2], b[3]);
                 }
             }
 #if WD > 1
@@ -284,8 +253,8 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
                     u32 a[4];
                     ldmatrix_x4(smem_addr(Qs + (rg * 16 + (lane & 15)) * QSTRIDE + kk * 16 + (lane >> 4) * 8),
                                 a[0], a[1], a[2], a[3]);
-                    st_mma(s[rg][0], a, b[0], b[1]);
-                    st_mma(s[rg][1], a, b[2], b[3]);
+                    op_mma(s[rg][0], a, b[0], b[1]);
+                    op_mma(s[rg][1], a, b[2], b[3]);
                 }
             }
 #endif
@@ -318,11 +287,11 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
                     const float alpha =
                         m_new == -INFINITY ? 1.0f : exp2f((m_run[rg][hf] - m_new) * LOG2E);
                     const float mb = m_new == -INFINITY ? 0.0f : m_new * LOG2E;
-                    const u32 w0 = st_pack(exp2f(fmaf(s[rg][0][hf * 2], LOG2E, -mb)),
+                    const u32 w0 = op_pack(exp2f(fmaf(s[rg][0][hf * 2], LOG2E, -mb)),
                                            exp2f(fmaf(s[rg][0][hf * 2 + 1], LOG2E, -mb)));
-                    const u32 w1 = st_pack(exp2f(fmaf(s[rg][1][hf * 2], LOG2E, -mb)),
+                    const u32 w1 = op_pack(exp2f(fmaf(s[rg][1][hf * 2], LOG2E, -mb)),
                                            exp2f(fmaf(s[rg][1][hf * 2 + 1], LOG2E, -mb)));
-                    l_run[rg][hf] = l_run[rg][hf] * alpha + ((st_lo(w0) + st_hi(w0)) + (st_lo(w1) + st_hi(w1)));
+                    l_run[rg][hf] = l_run[rg][hf] * alpha + ((op_lo(w0) + op_hi(w0)) + (op_lo(w1) + op_hi(w1)));
                     m_run[rg][hf] = m_new;
                     // A fragment of P: a0/a1 rows g/g+8 keys 2c.., a2/a3 keys 8+2c..
                     pa[rg][hf] = w0;
@@ -344,8 +313,8 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
                 ldmatrix_x4_trans(smem_addr(vrow + n * 8), b0, b1, b2, b3);
 #pragma unroll
                 for (int rg = 0; rg < RG; ++rg) {
-                    st_mma(o[rg][n], pa[rg], b0, b1);
-                    st_mma(o[rg][n + 1], pa[rg], b2, b3);
+                    op_mma(o[rg][n], pa[rg], b0, b1);
+                    op_mma(o[rg][n + 1], pa[rg], b2, b3);
                 }
             }
         }

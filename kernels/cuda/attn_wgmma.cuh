@@ -49,9 +49,8 @@
 
 #pragma once
 
-#define F16 1
-#define BF16 2
-#define F32 3
+#include "attn_operand.cuh"
+
 #if KV_TYPE == F16
 #define WG_T "f16"
 #elif KV_TYPE == BF16
@@ -87,13 +86,6 @@
 #error "HEAD_DIM / WD must be 128 or 256 for the wgmma kernel"
 #endif
 
-DEVI u32 op_pack(float lo, float hi) {
-#if KV_TYPE == F16
-    return pack_f16x2(lo, hi);
-#else
-    return pack_bf16x2(lo, hi);
-#endif
-}
 // 2^x on the SFU (flush to zero; 2^-inf = +0).
 DEVI float fast_exp2(float x) {
     float y;

@@ -28,6 +28,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("embed.cu", include_str!("../cuda/embed.cu")),
     ("ple.cu", include_str!("../cuda/ple.cu")),
     ("softcap.cu", include_str!("../cuda/softcap.cu")),
+    ("attn_operand.cuh", include_str!("../cuda/attn_operand.cuh")),
     ("attn_core.cuh", include_str!("../cuda/attn_core.cuh")),
     ("attn_scalar.cuh", include_str!("../cuda/attn_scalar.cuh")),
     ("attn_wgmma.cuh", include_str!("../cuda/attn_wgmma.cuh")),
