@@ -79,6 +79,25 @@ fn run(gpu: &Gpu, d: &Defines, p: &AttnProblem) -> (Vec<f32>, u32) {
     (o, c[0])
 }
 
+/// Compiles `d` and checks it on `prob` against the oracle under the
+/// family's tolerance (printing the figures); Err names the failure.
+fn check_point(g: &Gpu, f: &dyn Family, d: &Defines, prob: &Problem) -> Result<(), String> {
+    let cv = compile(f, d, g.arch(), default_cache_dir().as_deref()).expect("compile");
+    let tol = f.default_tolerance(d, prob);
+    let r = check_variant(g, f, &cv, d, prob, 5, &tol).map_err(|e| e.to_string())?;
+    println!(
+        "{d:?} {prob:?}: {} rms {:.2e} replay {:?}",
+        if r.passed { "PASS" } else { "FAIL" },
+        r.rms_rel,
+        r.replay_rms_rel
+    );
+    if r.passed {
+        Ok(())
+    } else {
+        Err(r.detail)
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn windowed_kernel_visits_exactly_the_band_tiles() {
@@ -233,21 +252,8 @@ fn every_attention_variant_passes_on_ragged_shapes() {
                 if f.validate(&d, &prob, &g.limits()).is_err() {
                     continue;
                 }
-                let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
-                let tol = f.default_tolerance(&d, &prob);
-                match check_variant(&g, f, &cv, &d, &prob, 5, &tol) {
-                    Ok(r) => {
-                        println!(
-                            "{fname} {v:?} {p:?}: {} rms {:.2e} replay {:?}",
-                            if r.passed { "PASS" } else { "FAIL" },
-                            r.rms_rel,
-                            r.replay_rms_rel
-                        );
-                        if !r.passed {
-                            bad.push(format!("{fname} {v:?} {p:?}: {}", r.detail));
-                        }
-                    }
-                    Err(e) => bad.push(format!("{fname} {v:?} {p:?}: {e}")),
+                if let Err(e) = check_point(&g, f, &d, &prob) {
+                    bad.push(format!("{fname} {v:?} {p:?}: {e}"));
                 }
             }
         }
@@ -324,22 +330,9 @@ fn wgmma_variants_pass_on_ragged_shapes() {
                 assert!(e.contains("shared memory"), "{kv:?} {p:?}: {e}");
                 continue;
             }
-            let cv = compile(f, &d, g.arch(), default_cache_dir().as_deref()).expect("compile");
-            let tol = f.default_tolerance(&d, &prob);
             ran += 1;
-            match check_variant(&g, f, &cv, &d, &prob, 5, &tol) {
-                Ok(r) => {
-                    println!(
-                        "{kv:?} {p:?}: {} rms {:.2e} replay {:?}",
-                        if r.passed { "PASS" } else { "FAIL" },
-                        r.rms_rel,
-                        r.replay_rms_rel
-                    );
-                    if !r.passed {
-                        bad.push(format!("{kv:?} {p:?}: {}", r.detail));
-                    }
-                }
-                Err(e) => bad.push(format!("{kv:?} {p:?}: {e}")),
+            if let Err(e) = check_point(&g, f, &d, &prob) {
+                bad.push(format!("{kv:?} {p:?}: {e}"));
             }
         }
     }
