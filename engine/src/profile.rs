@@ -196,6 +196,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../variants/profiles/attn-mma.toml"),
     ),
     (
+        "decode-km",
+        include_str!("../../variants/profiles/decode-km.toml"),
+    ),
+    (
         "strict",
         include_str!("../../variants/profiles/strict.toml"),
     ),

@@ -3,16 +3,8 @@
 // per byte, so the kernel is built to keep HBM busy: many CTAs, several
 // cp.async stages in flight per CTA, and one __syncthreads per stage.
 //
-// CTA (x, kvh, z) owns BQ rows (query token x query head pairs of KV head
-// kvh's GQA group, packed as in attn_core.cuh: row r = token t0 + r / G,
-// head kvh G + r % G) and split z of the key tiles its rows can see. A key
-// tile is BKV consecutive positions (tile i holds i BKV .. i BKV + BKV - 1,
-// at slots pos % capacity, so a tile may straddle the ring's wrap); the
-// tiles from the one holding the oldest visible key (the oldest cached
-// key, or with a window the first row's oldest visible one) to the one
-// holding the last query's position are cut into gridDim.z runs of equal
-// length (+-1), run z going to CTA z. The length comes from pos0_dev, so a
-// graph replay sees the current one.
+// CTA (x, kvh, z) owns BQ rows of KV head kvh's GQA group and split z of
+// the key tiles its rows can see (attn_split.cuh says which).
 //
 // Warps are KW x WD. Warp (kw, wd) takes the 16-key sub-blocks kw, kw +
 // KW, .. of each tile: S = Q K^T (mma.sync m16n8k16, f32 accumulate), with
@@ -26,8 +18,8 @@
 // after rounding, so l matches what PV uses), and O += P V for its head
 // dims wd HD / WD .. with P fed from registers as the A operand. At the end
 // the KW warps' (m, l, O) are merged through shared memory and the CTA
-// writes its unnormalized partial (O, m, l) to scratch [z][t][h][HD] then
-// [z][t][h][2], which attn_combine (attn_decode.cu) merges.
+// writes its unnormalized partial (write_split_partial of attn_split.cuh),
+// which attn_combine (attn_decode.cu) merges.
 //
 // Stages: STAGES buffers of BKV keys of K and V; tile i + STAGES - 1 is
 // requested while tile i is computed. Keys at or past kv_len are
@@ -93,6 +85,11 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     u16* Qs = reinterpret_cast<u16*>(smem);
     u16* Ks = Qs + BQ * QSTRIDE;
     u16* Vs = Ks + STAGES * BKV * QSTRIDE;
+#if __CUDA_ARCH__ >= 900
+    // The combine (a programmatic dependent) may be scheduled now: it waits
+    // for this grid's completion before it reads anything.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 #if QSPLIT && WD > 1
     float* Sx = reinterpret_cast<float*>(
         smem + BQ * QSTRIDE * 2 +
@@ -103,33 +100,13 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kw = warp / WD, wd = warp % WD;
     const int g = lane >> 2, c = lane & 3;
-    const int kvh = blockIdx.y;
-    const int G = n_heads / n_kv_heads;
-    const int tok_per = BQ / G;
-    const int t0 = blockIdx.x * tok_per;
-    const int n_tok = min(tok_per, n_q - t0);
-    const int rows = n_tok * G;
-    const int pos0 = pos0_dev ? *pos0_dev : q_pos0_arg;
-    const int kv_len = pos0 + n_q;
-    const int cache_lo = max(0, kv_len - capacity);
-    const int p_lo = pos0 + t0, p_hi = p_lo + n_tok - 1;
-    const int k_lo = window > 0 ? max(cache_lo, p_lo - window + 1) : cache_lo;
-    const int first = k_lo / BKV;
-    const int n_tiles = p_hi / BKV - first + 1;
-    const int Z = gridDim.z, z = blockIdx.z;
-    const int tile_lo = first + (int)((long long)z * n_tiles / Z);
-    const int tile_hi = first + (int)((long long)(z + 1) * n_tiles / Z) - 1;
+    const DecodeSplit sp = decode_split(q_pos0_arg, n_q, capacity, n_heads, n_kv_heads, window, pos0_dev);
+    const int kvh = sp.kvh, G = sp.G, t0 = sp.t0, rows = sp.rows, pos0 = sp.pos0, kv_len = sp.kv_len;
+    const int cache_lo = sp.cache_lo, p_lo = sp.p_lo, p_hi = sp.p_hi, k_lo = sp.k_lo;
+    const int tile_lo = sp.tile_lo, tile_hi = sp.tile_hi;
 
     // Q rows, rounded to the operand type; rows past the last token are 0.
-    for (int i = tid; i < BQ * HD / 2; i += NTHREADS) {
-        const int r = i / (HD / 2), c2 = i % (HD / 2);
-        float2 v = make_float2(0.f, 0.f);
-        if (r < rows) {
-            const int t = t0 + r / G, h = kvh * G + r % G;
-            v = reinterpret_cast<const float2*>(q + ((u64)t * n_heads + h) * HD)[c2];
-        }
-        reinterpret_cast<u32*>(Qs + r * QSTRIDE)[c2] = op_pack(v.x, v.y);
-    }
+    load_q_rows<NTHREADS>(Qs, QSTRIDE, q, sp, n_heads);
 
 #if QSPLIT
     // This warp's Q fragments: rows rg 16.., head dims wd HD / WD ...
@@ -382,28 +359,5 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
         __syncthreads();
     }
 
-    // The CTA's partial rows (coalesced), then (m, l) per row.
-    const u64 rows_all = (u64)n_q * n_heads;
-    for (int i = tid; i < rows * (HD / 4); i += NTHREADS) {
-        const int r = i / (HD / 4), c4 = i % (HD / 4);
-        const int t = t0 + r / G, h = kvh * G + r % G;
-        const u64 row = (u64)z * rows_all + (u64)t * n_heads + h;
-        reinterpret_cast<float4*>(scratch + row * HD)[c4] = reinterpret_cast<const float4*>(Ob + r * HD)[c4];
-    }
-    for (int r = tid; r < rows; r += NTHREADS) {
-        float M = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < KW; ++k) M = fmaxf(M, mS[k * BQ + r]);
-        float L = 0.0f;
-#pragma unroll
-        for (int k = 0; k < KW; ++k) {
-            const float mk = mS[k * BQ + r];
-            if (mk != -INFINITY) L += lS[k * BQ + r] * exp2f((mk - M) * LOG2E);
-        }
-        const int t = t0 + r / G, h = kvh * G + r % G;
-        const u64 row = (u64)z * rows_all + (u64)t * n_heads + h;
-        float* ml = scratch + (u64)Z * rows_all * HD + row * 2;
-        ml[0] = M;
-        ml[1] = L;
-    }
+    write_split_partial<NTHREADS, KW>(scratch, Ob, HD, mS, lS, sp, n_q, n_heads);
 }

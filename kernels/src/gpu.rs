@@ -476,6 +476,41 @@ impl Gpu {
         geo: &LaunchGeometry,
         args: &[KArg],
     ) -> Result<(), GpuError> {
+        self.launch_function_as(f, geo, args, false)
+    }
+
+    /// Enqueues one launch of `geo.kernel` from `m` as a programmatic
+    /// dependent of the launch before it on the stream (PDL, sm_90 and
+    /// later): it may be scheduled while that grid drains, so the kernel must
+    /// wait for it (`griddepcontrol.wait`) before it reads what that grid
+    /// wrote. Elsewhere a plain launch (stream order).
+    pub fn launch_dependent(
+        &self,
+        m: &Module,
+        geo: &LaunchGeometry,
+        args: &[KArg],
+    ) -> Result<(), GpuError> {
+        let f = m.function(&geo.kernel)?;
+        self.launch_function_as(f, geo, args, self.arch().0 >= 90)
+    }
+
+    /// As `launch_dependent`, for a resolved function.
+    pub(crate) fn launch_function_dependent(
+        &self,
+        f: sys::CUfunction,
+        geo: &LaunchGeometry,
+        args: &[KArg],
+    ) -> Result<(), GpuError> {
+        self.launch_function_as(f, geo, args, self.arch().0 >= 90)
+    }
+
+    fn launch_function_as(
+        &self,
+        f: sys::CUfunction,
+        geo: &LaunchGeometry,
+        args: &[KArg],
+        programmatic: bool,
+    ) -> Result<(), GpuError> {
         let mut vals: Vec<[u64; 1]> = args
             .iter()
             .map(|a| match *a {
@@ -492,6 +527,36 @@ impl Gpu {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         self.bind()?;
+        if programmatic {
+            let mut value: sys::CUlaunchAttributeValue =
+                // SAFETY: a plain C union of integers and structs of integers;
+                // all-zero is a valid value of every member.
+                unsafe { std::mem::zeroed() };
+            value.programmaticStreamSerializationAllowed = 1;
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value,
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: geo.grid.0,
+                gridDimY: geo.grid.1,
+                gridDimZ: geo.grid.2,
+                blockDimX: geo.block.0,
+                blockDimY: geo.block.1,
+                blockDimZ: geo.block.2,
+                sharedMemBytes: geo.dyn_smem,
+                hStream: self.stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for cuLaunchKernel below; `config` and the one
+            // attribute it points at live until the call returns.
+            return drv(&format!("cuLaunchKernelEx({})", geo.kernel), unsafe {
+                sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut())
+                    .result()
+            });
+        }
         // SAFETY: `f` comes from a loaded module; `params` matches the
         // kernel's parameter list (each family builds args for its own
         // entry); every pointer argument is a live device allocation owned by

@@ -96,6 +96,11 @@ impl Kernel {
     pub fn launch(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
         gpu.launch_function(self.func, &self.geo, args)
     }
+    /// Enqueues one launch as a programmatic dependent of the launch before
+    /// it (`Gpu::launch_dependent`): the kernel waits for that grid itself.
+    pub fn launch_dependent(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
+        gpu.launch_function_dependent(self.func, &self.geo, args)
+    }
     /// Enqueues one launch with `grid` in place of the planned grid.
     pub fn launch_grid(
         &self,

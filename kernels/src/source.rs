@@ -32,7 +32,12 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attn_core.cuh", include_str!("../cuda/attn_core.cuh")),
     ("attn_scalar.cuh", include_str!("../cuda/attn_scalar.cuh")),
     ("attn_wgmma.cuh", include_str!("../cuda/attn_wgmma.cuh")),
+    ("attn_split.cuh", include_str!("../cuda/attn_split.cuh")),
     ("attn_stream.cuh", include_str!("../cuda/attn_stream.cuh")),
+    (
+        "attn_keymajor.cuh",
+        include_str!("../cuda/attn_keymajor.cuh"),
+    ),
     ("attn_prefill.cu", include_str!("../cuda/attn_prefill.cu")),
     ("attn_decode.cu", include_str!("../cuda/attn_decode.cu")),
 ];

@@ -228,6 +228,17 @@ fn every_attention_variant_passes_on_ragged_shapes() {
                 ],
                 vec![("ALGO", 2), ("BKV", 16), ("KW", 1), ("STAGES", 3)],
                 vec![("ALGO", 2), ("BKV", 32), ("KW", 2), ("SPLITS", 3)],
+                vec![("ALGO", 3), ("BQ", 8), ("KW", 2), ("WD", 2), ("STAGES", 3)],
+                vec![("ALGO", 3), ("BQ", 16), ("KW", 2), ("WD", 2), ("BULK", 1)],
+                vec![
+                    ("ALGO", 3),
+                    ("BQ", 8),
+                    ("BKV", 16),
+                    ("KW", 1),
+                    ("WD", 2),
+                    ("BULK", 1),
+                    ("SPLITS", 3),
+                ],
             ],
         ),
     ] {
@@ -356,10 +367,24 @@ fn decode_grid_planned_for_a_longer_cache_still_computes_the_short_one() {
         q_pos0: 699,
         ..planned
     };
-    // The tile loop, and the streaming kernel (whose empty splits must
-    // still write their partials).
+    // The tile loop, and the streaming kernels (whose empty splits must
+    // still write their partials; the bulk copies must not wait on copies
+    // an empty split never issued).
     let streaming: &[(&str, i64)] = &[("ALGO", 2), ("BKV", 32), ("KW", 2), ("QSPLIT", 1)];
-    for v in [&[][..], streaming] {
+    let key_major: &[(&str, i64)] = &[
+        ("ALGO", 3),
+        ("BQ", 8),
+        ("BKV", 32),
+        ("KW", 2),
+        ("WD", 2),
+        ("BULK", 1),
+    ];
+    // Bulk copies are sm_90's (validate refuses them elsewhere).
+    let mut variants = vec![&[][..], streaming];
+    if g.arch().0 >= 90 {
+        variants.push(key_major);
+    }
+    for v in variants {
         let d = defines(f, v, &planned);
         let geo = f
             .validate(&d, &Problem::Attention(planned), &g.limits())

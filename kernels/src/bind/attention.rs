@@ -76,13 +76,15 @@ pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
 }
 
 /// Launches a planned attention kernel: the main kernel, and after a
-/// tensor-core decode launch the combine of its splits.
+/// tensor-core decode launch the combine of its splits, as a programmatic
+/// dependent (it is resident while the splits drain and starts reading
+/// their partials when `griddepcontrol.wait` says they are complete).
 pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
     k.launch(gpu, &a.kargs())?;
     if k.geo.kernel == "attn_decode" && k.has_sibling("attn_combine") {
         let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
         let c = k.sibling(geo)?;
-        c.launch(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
+        c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `attn_decode`: 1..8 query tokens over a long cache, split-KV on tensor
-//! cores with a combine (flash-decoding: the prefill tile loop, ALGO 1, or
-//! the streaming kernel of attn_stream.cuh, ALGO 2), or the scalar kernel;
+//! cores with a combine (flash-decoding: the prefill tile loop, ALGO 1, the
+//! streaming kernel of attn_stream.cuh, ALGO 2, or its key-major form in
+//! attn_keymajor.cuh, ALGO 3), or the scalar kernel;
 //! graph-safe (the position comes from device memory). See
 //! kernels/cuda/attn_decode.cu and `bind::attention`.
 
@@ -45,6 +46,7 @@ impl Family for AttnDecode {
             ("WD", 4),
             ("STAGES", 2),
             ("CP_ASYNC", 1),
+            ("BULK", 0),
             ("SPLITS", 0),
         ]);
         d.insert("KV_TYPE".into(), "F16".into());
@@ -69,7 +71,7 @@ impl Family for AttnDecode {
                 a.n_q
             ));
         }
-        if get_int(d, "ALGO")? == 2 {
+        if matches!(get_int(d, "ALGO")?, 2 | 3) {
             let t = stream_tile(d, a, lim)?;
             return Ok(stream_geometry(&t, a, stream_splits(d, &t, a, lim)?));
         }
@@ -92,12 +94,12 @@ impl Family for AttnDecode {
     }
 }
 
-/// ALGO 2 rounds Q, K, V and P to the cache type and sums in f32 as the
-/// tensor-core tile loop (ALGO 1) does, so it has that kernel's contract
-/// and tolerances: the defines with ALGO 2 read as ALGO 1.
+/// ALGO 2 and 3 round Q, K, V and P to the cache type and sum in f32 as
+/// the tensor-core tile loop (ALGO 1) does, so they have that kernel's
+/// contract and tolerances: the defines with ALGO 2 or 3 read as ALGO 1.
 fn as_tile_loop(d: &Defines) -> std::borrow::Cow<'_, Defines> {
     match get_int(d, "ALGO") {
-        Ok(2) => {
+        Ok(2 | 3) => {
             let mut d1 = d.clone();
             d1.insert("ALGO".into(), 1i64.into());
             std::borrow::Cow::Owned(d1)
@@ -106,7 +108,8 @@ fn as_tile_loop(d: &Defines) -> std::borrow::Cow<'_, Defines> {
     }
 }
 
-/// The configuration of the streaming kernel (ALGO 2, attn_stream.cuh).
+/// The configuration of the streaming kernels (ALGO 2, attn_stream.cuh;
+/// ALGO 3, attn_keymajor.cuh).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamTile {
     pub bq: usize,
@@ -116,16 +119,31 @@ pub struct StreamTile {
     pub stages: usize,
     /// QSPLIT: S computed over each dim warp's head dims and summed.
     pub qsplit: bool,
+    /// ALGO 3: keys on the mma's M, rows on its N (S^T = K Q^T).
+    pub key_major: bool,
+    /// BULK (ALGO 3, sm_90): K/V rows by bulk copies on per-stage mbarriers.
+    pub bulk: bool,
 }
 
 impl StreamTile {
     pub fn threads(&self) -> usize {
         self.kw * self.wd * 32
     }
-    /// STREAM_SMEM_BYTES of attn_stream.cuh.
+    /// STREAM_SMEM_BYTES of attn_stream.cuh, KM_SMEM_BYTES of
+    /// attn_keymajor.cuh.
     pub fn smem_bytes(&self, hd: usize) -> usize {
         let qs = hd + 8;
         let stages = 2 * self.stages * self.bkv * qs * 2;
+        if self.key_major {
+            let merge = (2 * self.kw * self.bq + self.bq * (hd + 4)) * 4;
+            let bars = if self.bulk { 8 * self.stages } else { 0 };
+            let sx = if self.qsplit && self.wd > 1 {
+                self.kw * 2 * self.wd * (self.bq / 8) * 128 * 4
+            } else {
+                0
+            };
+            return self.bq * qs * 2 + stages.max(merge) + sx + bars;
+        }
         let merge = (2 * self.kw * self.bq + self.bq * hd) * 4;
         let sx = if self.qsplit && self.wd > 1 {
             self.kw * 2 * self.wd * self.bq * 16 * 4
@@ -140,7 +158,7 @@ fn int_of(d: &Defines, k: &str, allowed: &[i64]) -> Result<usize, String> {
     crate::family::int_in(d, k, allowed).map(|v| v as usize)
 }
 
-/// Checks the streaming kernel's defines against the problem.
+/// Checks the streaming kernels' defines (ALGO 2 or 3) against the problem.
 pub fn stream_tile(
     d: &Defines,
     p: &crate::family::AttnProblem,
@@ -150,14 +168,33 @@ pub fn stream_tile(
     if kv == crate::family::KvType::F32 {
         return Err("the streaming kernel reads F16 or BF16 caches; ALGO=0 reads F32".into());
     }
+    let key_major = get_int(d, "ALGO")? == 3;
     let t = StreamTile {
-        bq: int_of(d, "BQ", &[16, 32])?,
+        bq: int_of(d, "BQ", if key_major { &[8, 16, 32] } else { &[16, 32] })?,
         bkv: int_of(d, "BKV", &[16, 32, 64])?,
         kw: int_of(d, "KW", &[1, 2, 4])?,
         wd: int_of(d, "WD", &[1, 2, 4, 8])?,
         stages: int_of(d, "STAGES", &[2, 3, 4])?,
         qsplit: int_of(d, "QSPLIT", &[0, 1])? == 1,
+        key_major,
+        bulk: int_of(d, "BULK", &[0, 1])? == 1,
     };
+    if key_major && t.qsplit && (hd / t.wd) % 32 != 0 {
+        return Err(format!(
+            "QSPLIT with WD={} leaves {} head dims of S per warp (the key-major kernel needs a multiple of 32)",
+            t.wd,
+            hd / t.wd
+        ));
+    }
+    if t.bulk && !key_major {
+        return Err("BULK applies to ALGO=3".into());
+    }
+    if t.bulk && lim.arch.0 < 90 {
+        return Err(format!(
+            "BULK=1 uses cp.async.bulk, which needs sm_90; the target is {}",
+            lim.arch
+        ));
+    }
     let g = p.group();
     if g > t.bq || t.bq % g != 0 {
         return Err(format!(
@@ -187,6 +224,16 @@ pub fn stream_tile(
             t.bkv
         ));
     }
+    if key_major {
+        // f32 O^T accumulators per thread: HD/WD/16 m-tiles x BQ/8 n-tiles x 4.
+        let acc = hd / t.wd / 16 * (t.bq / 8) * 4;
+        if acc > 128 {
+            return Err(format!(
+                "{acc} f32 O accumulators per thread would not fit (raise WD or lower BQ)"
+            ));
+        }
+        return check_smem(t, hd, lim);
+    }
     // f32 O accumulators per thread: BQ/16 row groups x HD/WD/8 n-tiles x 4.
     let acc = t.bq / 16 * hd / t.wd / 2;
     // QSPLIT keeps this warp's Q fragments in registers as well.
@@ -200,6 +247,10 @@ pub fn stream_tile(
             "{acc} f32 O accumulators and {q_regs} Q fragment registers per thread would not fit (raise WD or lower BQ)"
         ));
     }
+    check_smem(t, hd, lim)
+}
+
+fn check_smem(t: StreamTile, hd: usize, lim: &DeviceLimits) -> Result<StreamTile, String> {
     let smem = t.smem_bytes(hd);
     if smem > lim.max_smem_per_block as usize {
         return Err(format!(
@@ -308,5 +359,71 @@ mod tests {
         assert!(stream_splits(&dw, &tw, &w, &lim).expect("splits") <= 512 / 32 + 2);
         // The contract is the tensor-core one.
         assert_eq!(AttnDecode.contract(&d), Contract::Approx);
+    }
+
+    #[test]
+    fn key_major_tiles_hold_a_whole_head_dim_per_warp() {
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let p = AttnProblem {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 512,
+            window: 0,
+            q_pos0: 16383,
+            n_q: 1,
+            capacity: 16384,
+            kv_type: KvType::F16,
+        };
+        let key_major = |bq, bkv, kw, wd, stages| {
+            let mut d = stream_defines(512, bq, bkv, kw, wd, stages);
+            d.insert("ALGO".into(), 3i64.into());
+            d
+        };
+        // E4B: 8 rows, one warp per 16-key block holds all 512 dims of O^T
+        // (128 accumulators); Q and three 32-key stages of K and V in
+        // 1040-byte rows.
+        let d = key_major(8, 32, 2, 1, 3);
+        let t = stream_tile(&d, &p, &lim).expect("fits");
+        assert!(t.key_major);
+        assert_eq!(t.threads(), 64);
+        assert_eq!(t.smem_bytes(512), 8 * 1040 + 3 * 2 * 32 * 1040);
+        assert_eq!(stream_splits(&d, &t, &p, &lim).expect("splits") * 2, 132);
+        assert_eq!(AttnDecode.contract(&d), Contract::Approx);
+        // 16 rows need two dim warps (256 accumulators in one).
+        assert!(stream_tile(&key_major(16, 32, 2, 1, 3), &p, &lim).is_err());
+        assert!(stream_tile(&key_major(16, 32, 2, 2, 3), &p, &lim).is_ok());
+        // 8 rows cannot hold 12B's 16-head group.
+        let p12 = AttnProblem {
+            n_heads: 16,
+            n_kv_heads: 1,
+            ..p
+        };
+        assert!(stream_tile(&d, &p12, &lim).is_err());
+        // ALGO 2's row tiles start at 16.
+        let mut d2 = d.clone();
+        d2.insert("ALGO".into(), 2i64.into());
+        assert!(stream_tile(&d2, &p, &lim).is_err());
+        // QSPLIT adds two buffers of partial S^T per key warp and dim warp.
+        let mut dq = key_major(8, 32, 2, 2, 3);
+        let t2 = stream_tile(&dq, &p, &lim).expect("fits");
+        dq.insert("QSPLIT".into(), 1i64.into());
+        let tq = stream_tile(&dq, &p, &lim).expect("fits");
+        assert_eq!(tq.smem_bytes(512), t2.smem_bytes(512) + 2 * 2 * 2 * 128 * 4);
+        // 208 KB of stages do not fit an sm_89 block.
+        let lim89 = DeviceLimits::for_arch(Arch(89));
+        assert!(stream_tile(&d, &p, &lim89).is_err());
+        // Bulk copies add one mbarrier per stage, and need sm_90.
+        let mut db = d.clone();
+        db.insert("BULK".into(), 1i64.into());
+        let tb = stream_tile(&db, &p, &lim).expect("fits");
+        assert_eq!(tb.smem_bytes(512), t.smem_bytes(512) + 3 * 8);
+        let small = key_major(8, 16, 1, 2, 2);
+        let mut small_bulk = small.clone();
+        small_bulk.insert("BULK".into(), 1i64.into());
+        let lim80 = DeviceLimits::for_arch(Arch(80));
+        assert!(stream_tile(&small, &p, &lim80).is_ok());
+        assert!(stream_tile(&small_bulk, &p, &lim80).is_err());
+        d2.insert("BULK".into(), 1i64.into());
+        assert!(stream_tile(&d2, &p, &lim).is_err());
     }
 }

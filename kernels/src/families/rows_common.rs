@@ -147,7 +147,9 @@ pub(crate) struct RowsWorkload {
     pub args: Vec<KArg>,
     pub geo: LaunchGeometry,
     /// Launches of the same module that follow the main one (the split-KV
-    /// combine of the decode attention).
+    /// combine of the decode attention), each a programmatic dependent of
+    /// the launch before it (`Gpu::launch_dependent`): its kernel must wait
+    /// for that grid (`griddepcontrol.wait`) before reading its output.
     pub then: Vec<(LaunchGeometry, Vec<KArg>)>,
     pub reference: RowsRef,
     pub bytes: u64,
@@ -193,7 +195,7 @@ impl Workload for RowsWorkload {
     fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
         gpu.launch(m, &self.geo, &self.args)?;
         for (g, a) in &self.then {
-            gpu.launch(m, g, a)?;
+            gpu.launch_dependent(m, g, a)?;
         }
         Ok(())
     }
