@@ -11,8 +11,8 @@
 // rows on its N (BQ = 8, 16 or 32: NT tiles of 8), and the output as O^T =
 // V^T P^T with 16 head dims on M. Half the accumulators (and half the PV
 // mma) of the row-major form for up to 8 rows; one warp holds the whole
-// head dim's O^T at BQ = 8 (128 f32 at head dim 512), so a warp computes
-// its scores alone, with no exchange and no barrier per key block.
+// head dim's O^T at BQ = 8 (128 f32 at head dim 512), so with WD = 1 a warp
+// computes its scores alone, with no exchange and no barrier per key block.
 //
 // CTA (x, kvh, z) owns BQ rows and split z of the key tiles, as ALGO 2
 // (attn_split.cuh). Warps are KW x WD:
@@ -30,17 +30,18 @@
 // movmatrix.trans per 8 keys; O^T += V^T P^T with V^T by ldmatrix.trans.
 // The running max m of a row is raised only when a score exceeds it by
 // more than 8 log2 units (then O and l are rescaled, warp-uniformly): P
-// stays below 2^8, exact in f16/bf16 range, and the rescale, 4 multiplies
-// per accumulator, runs on a handful of sub-blocks instead of every one.
+// stays below 2^8, well inside the f16/bf16 range, and the rescale, one
+// multiply per accumulator, runs on a handful of sub-blocks, not on every
+// one.
 // O, l and the m they are relative to are what the combine merges, so
 // the stale m changes nothing in the result.
 //
 // Copies: with BULK = 0 every thread issues 16-byte cp.async chunks of
 // each tile. With BULK = 1 (sm_90) the lanes of warp 0 issue one bulk copy
 // (the TMA engine's cp.async.bulk) per key row of K and of V, each stage
-// completing on its own mbarrier: the copies leave the SM's load path, so
-// one CTA's few warps keep HBM busy. A key past kv_len is copied from the
-// last key's slot instead (always cached, finite; masked, so its P is 0).
+// completing on its own mbarrier: one copy instruction per key row instead
+// of one per 16 bytes. A key past kv_len is copied from the last key's slot
+// instead (always cached, finite; masked, so its P is 0).
 //
 // The includer defines the entry attn_decode's parameters as attn_core.cuh
 // does.
