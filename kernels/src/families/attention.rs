@@ -491,6 +491,9 @@ pub fn workload(
         args: args.kargs(),
         geo: geo.clone(),
         then,
+        // The caches: K (buffer 1, argument 1) and V (2, 2).
+        rotate: vec![(1, 1), (2, 2)],
+        copies: Vec::new(),
         reference,
         bytes,
         ops: 4 * (a.head_dim * a.n_heads) as u64 * a.visible_pairs(),

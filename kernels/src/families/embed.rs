@@ -205,6 +205,8 @@ impl Family for Embed {
             restore: Vec::new(),
             geo: geo.clone(),
             then: Vec::new(),
+            rotate: Vec::new(),
+            copies: Vec::new(),
             reference: Box::new(move || (want.clone(), None)),
             bytes: (rows * (row_bytes + 4 * w + 4)) as u64,
             ops: (rows * w) as u64,

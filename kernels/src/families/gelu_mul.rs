@@ -131,6 +131,8 @@ impl Family for GeluMul {
             restore: Vec::new(),
             geo: geo.clone(),
             then: Vec::new(),
+            rotate: Vec::new(),
+            copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), Some(replay.clone()))),
             bytes: 8 * n + (f.bytes(rows, w) + f.scale_bytes(rows, w)) as u64,
             ops: 10 * n,

@@ -148,6 +148,8 @@ impl Family for Ple {
             restore: Vec::new(),
             geo: geo.clone(),
             then: Vec::new(),
+            rotate: Vec::new(),
+            copies: Vec::new(),
             reference: Box::new(move || (want.clone(), None)),
             bytes: (rows * (row_bytes + 8 * lp)) as u64,
             ops: (6 * rows * lp) as u64,

@@ -262,6 +262,8 @@ impl Family for QkNormRope {
             restore: vec![(6, k_pristine), (7, v_pristine)],
             geo: geo.clone(),
             then: Vec::new(),
+            rotate: Vec::new(),
+            copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),
             bytes: (tn * width * 4 + tn * nq * hd * 4) as u64 + written,
             ops: (tn * width * 8) as u64,

@@ -213,6 +213,8 @@ impl Family for RmsNorm {
             args,
             geo: geo.clone(),
             then: Vec::new(),
+            rotate: Vec::new(),
+            copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), Some(replay.clone()))),
             bytes,
             ops: 6 * n,

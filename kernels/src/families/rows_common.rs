@@ -151,6 +151,13 @@ pub(crate) struct RowsWorkload {
     /// the launch before it (`Gpu::launch_dependent`): its kernel must wait
     /// for that grid (`griddepcontrol.wait`) before reading its output.
     pub then: Vec<(LaunchGeometry, Vec<KArg>)>,
+    /// Inputs rotated in the DRAM regime, as (buffer, argument) pairs: the
+    /// argument points at the buffer in copy 0 and at its `copies` twin in
+    /// copy i (the attention caches, which a decode step reads once, like
+    /// weights).
+    pub rotate: Vec<(usize, usize)>,
+    /// Copies 1.. of the rotated buffers, in `rotate`'s order.
+    pub copies: Vec<Vec<DeviceBuffer>>,
     pub reference: RowsRef,
     pub bytes: u64,
     pub ops: u64,
@@ -184,16 +191,37 @@ impl RowsWorkload {
 
 impl Workload for RowsWorkload {
     fn weight_bytes(&self) -> u64 {
-        0
+        self.rotate
+            .iter()
+            .map(|&(b, _)| self.bufs[b].bytes() as u64)
+            .sum()
     }
-    fn set_weight_copies(&mut self, _gpu: &Gpu, _n: usize) -> Result<(), GpuError> {
+    fn set_weight_copies(&mut self, gpu: &Gpu, n: usize) -> Result<(), GpuError> {
+        self.copies.truncate(n.saturating_sub(1));
+        while self.copies.len() + 1 < n {
+            let mut copy = Vec::with_capacity(self.rotate.len());
+            for &(b, _) in &self.rotate {
+                let c = gpu.alloc(self.bufs[b].bytes())?;
+                gpu.copy(&c, &self.bufs[b])?;
+                copy.push(c);
+            }
+            self.copies.push(copy);
+        }
         Ok(())
     }
     fn weight_copies(&self) -> usize {
-        1
+        self.copies.len() + 1
     }
-    fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
-        gpu.launch(m, &self.geo, &self.args)?;
+    fn launch(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
+        if copy == 0 || self.rotate.is_empty() {
+            gpu.launch(m, &self.geo, &self.args)?;
+        } else {
+            let mut args = self.args.clone();
+            for (&(_, a), c) in self.rotate.iter().zip(&self.copies[copy - 1]) {
+                args[a] = c.arg();
+            }
+            gpu.launch(m, &self.geo, &args)?;
+        }
         for (g, a) in &self.then {
             gpu.launch_dependent(m, g, a)?;
         }

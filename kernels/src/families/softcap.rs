@@ -100,6 +100,8 @@ impl Family for Softcap {
             outputs: vec![(0, OutRead::F32)],
             geo: geo.clone(),
             then: Vec::new(),
+            rotate: Vec::new(),
+            copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),
             bytes: 8 * n,
             ops: 4 * n,
