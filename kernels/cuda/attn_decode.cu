@@ -104,9 +104,8 @@
 #endif
 
 // The combine is launched as a programmatic dependent of the split kernel
-// (bind::attention::launch), which lets it be scheduled as soon as every
-// split CTA has started (griddepcontrol.launch_dependents at the top of the
-// streaming kernels), so its launch overlaps their work.
+// (attn_split.cuh: release_combine / await_splits), so its launch overlaps
+// the streaming kernels' work.
 //
 // Block (row, y) of 256 threads merges head dims 64 y .. 64 y + 63 of one
 // (token, head) row over the `splits` partials: O = sum_z e^(m_z - M) O_z /
@@ -121,11 +120,7 @@ extern "C" __global__ void __launch_bounds__(256)
 attn_combine(const float* __restrict__ scratch, float* __restrict__ out, int n_q, int n_heads, int splits) {
     __shared__ float4 acc_s[16][16];
     __shared__ float m_s[16], l_s[16];
-    // Launched as a programmatic dependent of the split kernel (sm_90): wait
-    // until that grid has finished and its partials are visible.
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    await_splits();
     const int tid = threadIdx.x;
     const u64 row = blockIdx.x;
     const u64 rows = (u64)n_q * n_heads;

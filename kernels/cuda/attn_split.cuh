@@ -1,7 +1,8 @@
 // attn_split.cuh: the bookkeeping of a split-KV decode CTA that the
 // streaming kernels share (attn_stream.cuh, ALGO = 2; attn_keymajor.cuh,
 // ALGO = 3): which rows and key tiles CTA (x, kvh, z) owns, its Q rows in
-// shared memory, and the unnormalized partial it leaves for attn_combine.
+// shared memory, the unnormalized partial it leaves for attn_combine, and
+// the programmatic-launch handshake with the combine.
 // attn_decode.cu includes it ahead of its ALGO branches (the source table
 // inlines a file once, whatever branch names it first).
 //
@@ -18,6 +19,22 @@
 // Defines: (none of its own; uses the includer's HEAD_DIM, BQ, BKV)
 
 #pragma once
+
+// The split kernel and attn_combine as a programmatic dependent launch
+// (PDL, sm_90; bind::attention::launch): the split kernel lets the combine be
+// scheduled once every split CTA has started, and the combine waits for the
+// split grid's completion (its partials visible) before it reads them. Both
+// are no-ops below sm_90, where the launches are plain and stream-ordered.
+DEVI void release_combine() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+DEVI void await_splits() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 struct DecodeSplit {
     int kvh, G, t0, n_tok, rows;

@@ -85,11 +85,7 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     u16* Qs = reinterpret_cast<u16*>(smem);
     u16* Ks = Qs + BQ * QSTRIDE;
     u16* Vs = Ks + STAGES * BKV * QSTRIDE;
-#if __CUDA_ARCH__ >= 900
-    // The combine (a programmatic dependent) may be scheduled now: it waits
-    // for this grid's completion before it reads anything.
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    release_combine();
 #if QSPLIT && WD > 1
     float* Sx = reinterpret_cast<float*>(
         smem + BQ * QSTRIDE * 2 +

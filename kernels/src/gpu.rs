@@ -491,7 +491,7 @@ impl Gpu {
         args: &[KArg],
     ) -> Result<(), GpuError> {
         let f = m.function(&geo.kernel)?;
-        self.launch_function_as(f, geo, args, self.arch().0 >= 90)
+        self.launch_function_dependent(f, geo, args)
     }
 
     /// As `launch_dependent`, for a resolved function.

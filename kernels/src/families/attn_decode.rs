@@ -324,11 +324,9 @@ mod tests {
         d
     }
 
-    #[test]
-    fn streaming_tiles_fit_and_fill_the_device() {
-        let lim = DeviceLimits::for_arch(Arch(90));
-        // E4B full-layer decode: hd 512, 2 KV heads of 4 query heads.
-        let p = AttnProblem {
+    /// E4B full-layer decode over 16K keys: hd 512, 2 KV heads of 4 query heads.
+    fn e4b_full_decode() -> AttnProblem {
+        AttnProblem {
             n_heads: 8,
             n_kv_heads: 2,
             head_dim: 512,
@@ -337,7 +335,13 @@ mod tests {
             n_q: 1,
             capacity: 16384,
             kv_type: KvType::F16,
-        };
+        }
+    }
+
+    #[test]
+    fn streaming_tiles_fit_and_fill_the_device() {
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let p = e4b_full_decode();
         let d = stream_defines(512, 16, 32, 2, 4, 3);
         let t = stream_tile(&d, &p, &lim).expect("fits");
         assert!(t.smem_bytes(512) <= lim.max_smem_per_block as usize);
@@ -364,16 +368,7 @@ mod tests {
     #[test]
     fn key_major_tiles_hold_a_whole_head_dim_per_warp() {
         let lim = DeviceLimits::for_arch(Arch(90));
-        let p = AttnProblem {
-            n_heads: 8,
-            n_kv_heads: 2,
-            head_dim: 512,
-            window: 0,
-            q_pos0: 16383,
-            n_q: 1,
-            capacity: 16384,
-            kv_type: KvType::F16,
-        };
+        let p = e4b_full_decode();
         let key_major = |bq, bkv, kw, wd, stages| {
             let mut d = stream_defines(512, bq, bkv, kw, wd, stages);
             d.insert("ALGO".into(), 3i64.into());
