@@ -662,8 +662,14 @@ printf '#!/bin/sh\nexec python3 %s "$@" --fake-name %s\n' "$FAKE_WORKER" "$(cat 
     );
 }
 
-/// The A/A self-test on the real engine: `main` against itself must come
-/// out SAME, and the run says how often it would not.
+/// The A/A self-test on the real engine: `main` against itself must never
+/// come out FAST or SLOW, its ratio must lie inside the +/-1 % band the
+/// verdicts resolve (a bias between identical arms smaller than that is
+/// below what `ab` claims to see), and it must come out SAME whenever the
+/// run was quiet enough for SAME to be the expected answer (the run's own
+/// probability of a not-SAME verdict for equal arms under 20 %). A noisier
+/// run may say AMBIGUOUS: that is the honest answer, and the run says how
+/// likely it was.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn aa_on_the_gpu_is_same() {
@@ -708,6 +714,7 @@ fn aa_on_the_gpu_is_same() {
     )
     .expect("verdict.json parses");
     assert_eq!(v["gate"]["passed"], true, "A/A numerics differ:\n{log}");
+    let mut all_same = true;
     for t in v["tests"].as_array().expect("tests") {
         let p = t["p_not_same_if_equal"].as_f64().unwrap_or(1.0);
         println!(
@@ -721,7 +728,23 @@ fn aa_on_the_gpu_is_same() {
             t["blocks_total"],
             p
         );
-        assert_eq!(t["verdict"], "SAME", "{t}\n{log}");
+        let verdict = t["verdict"].as_str().unwrap_or("");
+        assert!(
+            verdict == "SAME" || verdict == "AMBIGUOUS",
+            "identical arms judged {verdict}: {t}\n{log}"
+        );
+        let ratio = t["ratio"].as_f64().expect("ratio");
+        assert!(
+            (ratio - 1.0).abs() < 0.01,
+            "identical arms {:+.2}% apart: a bias `ab` would resolve\n{log}",
+            100.0 * (ratio - 1.0)
+        );
+        if p < 0.2 {
+            assert_eq!(verdict, "SAME", "a quiet A/A run must be SAME: {t}\n{log}");
+        }
+        all_same &= verdict == "SAME";
     }
-    assert_eq!(o.status.code(), Some(0), "{log}");
+    // ab exits 0 when every test is SAME and 2 when one is AMBIGUOUS.
+    let want = if all_same { 0 } else { 2 };
+    assert_eq!(o.status.code(), Some(want), "{log}");
 }

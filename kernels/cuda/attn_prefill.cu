@@ -28,6 +28,9 @@
 //   STAGES        K/V tile buffers: 1 | 2
 //   CP_ASYNC      0 | 1: stage K/V with cp.async (ALGO 2: 1)
 //   WINDOWED      0 | 1: skip the KV tiles outside the window
+//   PERSIST       0 | 1: (ALGO 2, STAGES 2) one CTA per SM runs the work items in
+//                 turn, fetching the next item's Q during the current band;
+//                 grid (min(items, SMs), 1) with items = ceil(n_q / (BQ / G)) n_kv_heads
 //   COUNT_TILES   0 | 1: count visited tiles into *scratch (debug)
 
 #ifndef ALGO
@@ -62,6 +65,9 @@
 #endif
 #ifndef COUNT_TILES
 #error "attn_prefill.cu needs COUNT_TILES"
+#endif
+#ifndef PERSIST
+#error "attn_prefill.cu needs PERSIST"
 #endif
 
 #include "common.cuh"

@@ -38,14 +38,22 @@
 // PV, and copies K_{j+1} and V_j meanwhile (one CTA barrier per step).
 // Query tiles are launched last first (blockIdx.x counts down the
 // sequence): under a causal bound the last tiles see the most keys.
+// PERSIST = 1 (STAGES = 2): a grid of about one CTA per SM runs the work
+// items (query tile, KV head) in turn, heaviest first, and hides what a
+// CTA pays once per item behind the previous item's band: while it runs,
+// the next item's Q is fetched (one chunk per KV tile, by cp.async into a
+// small staging ring, rounded into a second Q tile one step later) and its
+// first K tile is copied into the K buffer the band frees last. A windowed band is only a few KV tiles long, so without this the
+// Q read and the pipeline's fill and drain are a large share of its time.
 // Contract approx, like ALGO = 1: Q, K, V and P rounded to the cache type,
 // f32 scores, softmax and accumulation.
 //
-// Dynamic shared memory: 1024 (alignment slack) + BQ HD 2 (Q) + STAGES 4
-// BKV HD (K and V) + (WD = 2) 2 NTHREADS BKV (the score exchange).
+// Dynamic shared memory: 1024 (alignment slack) + (1 + PERSIST) BQ HD 2
+// (Q) + STAGES 4 BKV HD (K and V) + (WD = 2) 2 NTHREADS BKV (the score
+// exchange) + PERSIST 64 NTHREADS (the next item's Q chunks in flight).
 //
 // Defines: (none of its own; uses the includer's HEAD_DIM, BQ, BKV, WD,
-// STAGES, WINDOWED, COUNT_TILES, KV_TYPE)
+// STAGES, WINDOWED, PERSIST, COUNT_TILES, KV_TYPE)
 
 #pragma once
 
@@ -71,7 +79,10 @@
 #define Q_BYTES (BQ * HD * 2)
 #define KV_BYTES (BKV * HD * 2)
 #define X_BYTES (WD == 2 ? NTHREADS * SACC * 4 : 0)
-#define ATTN_SMEM_BYTES (1024 + Q_BYTES + STAGES * 2 * KV_BYTES + X_BYTES)
+#define Q_TILES (PERSIST ? 2 : 1)
+// PERSIST: the next item's Q chunks in flight, 32 bytes per thread, two deep.
+#define QSTAGE_BYTES (PERSIST ? 2 * NTHREADS * 32 : 0)
+#define ATTN_SMEM_BYTES (1024 + Q_TILES * Q_BYTES + STAGES * 2 * KV_BYTES + X_BYTES + QSTAGE_BYTES)
 
 #if BQ != 64 && BQ != 128
 #error "BQ must be 64 or 128 for the wgmma kernel"
@@ -84,6 +95,9 @@
 #endif
 #if DS != 128 && DS != 256
 #error "HEAD_DIM / WD must be 128 or 256 for the wgmma kernel"
+#endif
+#if PERSIST && STAGES != 2
+#error "PERSIST needs STAGES = 2"
 #endif
 
 // 2^x on the SFU (flush to zero; 2^-inf = +0).
@@ -248,14 +262,20 @@ template <int N> DEVI void fence_frags(u32 (&r)[N][4]) {
 }
 
 // What the tile loop's helpers read that is fixed for the CTA (buffers,
-// bounds) or for the thread (its rows and its share of the copies).
+// bounds), for the thread (its rows and its share of the copies) or for the
+// work item being run (its query tile and KV head).
 struct AttnCta {
-    u32 s_q, s_k, s_v;      // shared: Q, K buffers, V buffers
+    u32 s_q, s_k, s_v;      // shared: the item's Q, K buffers, V buffers
+    u32 s_qs;               // PERSIST: this thread's two 32-byte Q staging slots
     float* xs;              // score exchange (WD = 2)
-    int tid, lane, wr, wdd;
-    int rows, kvh, n_kv_heads, capacity, kv_len, cache_lo, window, p_lo, p_hi;
+    int tid, lane, wr, wdd, r0;
+    int G, tok_per, n_q, n_heads, n_kv_heads, capacity, kv_len, cache_lo, window, pos0;
+    // The item: query tokens t0 .. t0 + rows / G of KV head kvh, at
+    // positions p_lo .. p_hi; this thread's rows r0 and r0 + 8 at qp0 / qp1.
+    int t0, kvh, rows, p_lo, p_hi;
     int qp0, qp1;
     bool live0, live1;
+    const float* q;
     const u16* kc;
     const u16* vc;
     // Copy assignment: one 16-byte chunk column and rows kr0 + it LSTEP,
@@ -282,16 +302,16 @@ DEVI u32 copy_offset(const AttnCta& c, int it) {
     return ((it & 1) ? c.so_odd : c.so_even) + (u32)(it * LSTEP * 128);
 }
 
-// Issues the cp.async copies of K (or V) rows of tile `tile` into the
-// buffer at `dst`: position p at slot p % capacity, zero past kv_len. A tile
-// that lies inside the ring without wrapping and before kv_len (all but the
-// last and the wrapping ones) takes the straight path: one pointer stepped
-// by LSTEP rows.
-DEVI void load_rows(const AttnCta& c, const u16* src_base, u32 dst, int tile) {
+// Issues the cp.async copies of K (or V) rows of tile `tile` of KV head
+// `kvh` into the buffer at `dst`: position p at slot p % capacity, zero
+// past kv_len. A tile that lies inside the ring without wrapping and before
+// kv_len (all but the last and the wrapping ones) takes the straight path:
+// one pointer stepped by LSTEP rows.
+DEVI void load_rows(const AttnCta& c, int kvh, const u16* src_base, u32 dst, int tile) {
     const int kp0 = tile * BKV;
     const int slot0 = kp0 % c.capacity;
     const u32 row_stride = (u32)c.n_kv_heads * HD;
-    const u16* base = src_base + (u64)c.kvh * HD + c.ch * 8;
+    const u16* base = src_base + (u64)kvh * HD + c.ch * 8;
     if (slot0 + BKV <= c.capacity && kp0 + BKV <= c.kv_len) {
         const u16* p = base + (u64)(u32)(slot0 + c.kr0) * row_stride;
 #pragma unroll
@@ -435,6 +455,227 @@ DEVI void rescale(float (&o)[OACC], const float (&alpha)[2]) {
     }
 }
 
+// A work item: the query tile of tokens t0 .. t0 + tok_per - 1 (fewer at
+// the end) of KV head kvh, and the KV tiles lo .. hi its rows can see.
+struct Item {
+    int t0, kvh, rows, p_lo, p_hi, lo, hi;
+};
+
+DEVI Item item_of(const AttnCta& c, int t0, int kvh) {
+    Item it;
+    it.t0 = t0;
+    it.kvh = kvh;
+    const int n_tok = min(c.tok_per, c.n_q - t0);
+    it.rows = n_tok * c.G;
+    it.p_lo = c.pos0 + t0;
+    it.p_hi = c.pos0 + t0 + n_tok - 1;
+#if WINDOWED
+    const int k_lo = c.window > 0 ? max(c.cache_lo, it.p_lo - c.window + 1) : c.cache_lo;
+#else
+    const int k_lo = c.cache_lo;
+#endif
+    it.lo = k_lo / BKV;
+    it.hi = it.p_hi / BKV;
+    return it;
+}
+
+// Makes `it` the item the tile loop's helpers run.
+DEVI void enter_item(AttnCta& c, const Item& it) {
+    c.t0 = it.t0;
+    c.kvh = it.kvh;
+    c.rows = it.rows;
+    c.p_lo = it.p_lo;
+    c.p_hi = it.p_hi;
+    c.live0 = c.r0 < c.rows;
+    c.live1 = c.r0 + 8 < c.rows;
+    c.qp0 = it.p_lo + c.r0 / c.G;
+    c.qp1 = it.p_lo + (c.r0 + 8) / c.G;
+}
+
+// Q of an item: rows kr0 + u LSTEP of this thread's chunk column for u <
+// QITERS, f32 from global memory, rounded to the operand type into the
+// swizzled Q tile at `qt`; rows past the item's last token are 0.
+#define QITERS (BQ * LCHUNKS / NTHREADS)
+#define QBATCH (QITERS < 16 ? QITERS : 16)
+// The chunks a short band did not fetch, loaded between two items.
+#define QBATCH_TAIL (QITERS < 4 ? QITERS : 4)
+
+DEVI void fetch_q(const AttnCta& c, const Item& it, int u, float4& a, float4& b) {
+    const int r = c.kr0 + u * LSTEP;
+    a = b = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < it.rows) {
+        const int t = it.t0 + r / c.G, h = it.kvh * c.G + r % c.G;
+        const float4* src = reinterpret_cast<const float4*>(c.q + ((u64)t * c.n_heads + h) * HD + c.ch * 8);
+        a = src[0];
+        b = src[1];
+    }
+}
+
+DEVI void store_q(const AttnCta& c, u8* qt, int u, const float4& a, const float4& b) {
+    const int r = c.kr0 + u * LSTEP;
+    const uint4 w = make_uint4(op_pack(a.x, a.y), op_pack(a.z, a.w), op_pack(b.x, b.y), op_pack(b.z, b.w));
+    *reinterpret_cast<uint4*>(qt + (c.ch / 8) * BQ * 128 + r * 128 + (((c.ch % 8) ^ (r & 7)) << 4)) = w;
+}
+
+// Chunks from .. QITERS - 1 of an item's Q, NB loads in flight at once.
+template <int NB> DEVI void load_q(const AttnCta& c, const Item& it, u8* qt, int from) {
+#pragma unroll
+    for (int g = 0; g < QITERS; g += NB) {
+        float4 qa[NB], qb[NB];
+#pragma unroll
+        for (int u = 0; u < NB; ++u)
+            if (g + u >= from) fetch_q(c, it, g + u, qa[u], qb[u]);
+#pragma unroll
+        for (int u = 0; u < NB; ++u)
+            if (g + u >= from) store_q(c, qt, g + u, qa[u], qb[u]);
+    }
+}
+
+#if STAGES == 2
+// The KV tiles lo .. hi of the entered item, its Q at c.s_q and the copies
+// of K tile lo issued into K buffer `kpar`. Two K and two V buffers, PV one
+// tile behind: while the softmax of tile j runs on the CUDA cores, the
+// tensor cores run P_{j-1} V_{j-1}; P_j is packed into the fragments once
+// that MMA has retired. At the top of step j, K_j and V_{j-1} have landed
+// and every warpgroup is past step j - 1, so K_{j+1} and V_j are copied
+// over K_{j-1} and V_{j-2}.
+// With PERSIST and a next item `nx` (has_next): the last step copies the
+// next item's first K tile into the K buffer it frees (the return value
+// says which), and step s copies chunk s of the next item's Q (f32) into
+// staging slot s % 2 along with its K/V copies; step s + 1, once they have
+// landed, rounds it into the next Q tile `qn`. No load waits inside a step.
+// The caller loads the chunks a band shorter than QITERS steps did not
+// reach.
+DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l_r)[2], int lo, int hi, int kpar,
+                  bool has_next, const Item& nx, u8* qn, unsigned int* tile_count) {
+    float s[SACC], alpha[2];
+#pragma unroll
+    for (int i = 0; i < SACC; ++i) s[i] = 0.0f;
+    u32 pa[BKV / 16][4];
+    auto k_buf = [&](int j) { return c.s_k + (u32)((kpar + j - lo) & 1) * KV_BYTES; };
+#if PERSIST
+    // Chunk u of the next Q: issued into its slot / rounded out of it.
+    auto stage_q = [&](int u) {
+        if (has_next && u < QITERS) {
+            const int r = c.kr0 + u * LSTEP;
+            const int t = nx.t0 + r / c.G, h = nx.kvh * c.G + r % c.G;
+            const float* src = c.q + ((u64)t * c.n_heads + h) * HD + c.ch * 8;
+            const bool live = r < nx.rows;
+            const u32 slot = c.s_qs + (u32)(u & 1) * 32;
+            cp_async16(slot, live ? src : c.q, live ? 16 : 0);
+            cp_async16(slot + 16, live ? src + 4 : c.q, live ? 16 : 0);
+        }
+    };
+    auto unstage_q = [&](int u) {
+        if (has_next && u >= 0 && u < QITERS) {
+            const u32 slot = c.s_qs + (u32)(u & 1) * 32;
+            float4 a, b;
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(slot));
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(b.x), "=f"(b.y), "=f"(b.z), "=f"(b.w) : "r"(slot + 16));
+            store_q(c, qn, u, a, b);
+        }
+    };
+#else
+    (void)nx;
+    (void)qn;
+    auto stage_q = [](int) {};
+    auto unstage_q = [](int) {};
+#endif
+    auto sync_and_load = [&](int j) {
+        cp_async_wait<0>();
+        unstage_q(j - 1 - lo);
+        fence_async_smem();
+        __syncthreads();
+#if COUNT_TILES
+        if (c.tid == 0) atomicAdd(tile_count, 1u);
+#else
+        (void)tile_count;
+#endif
+        if (j + 1 <= hi) {
+            load_rows(c, c.kvh, c.kc, k_buf(j + 1), j + 1);
+        } else if (has_next) {
+            load_rows(c, nx.kvh, c.kc, k_buf(j + 1), nx.lo);
+        }
+        load_rows(c, c.kvh, c.vc, c.s_v + ((j - lo) & 1) * KV_BYTES, j);
+        stage_q(j - lo);
+        cp_async_commit();
+    };
+    // Tile lo: its scores and P; no O yet.
+    sync_and_load(lo);
+    issue_scores(c, s, k_buf(lo));
+    wg_wait<0>();
+    fence_regs(s);
+    exchange_scores(c, s);
+    softmax_tile(c, s, lo, m_r, l_r, alpha);
+    pack_probs(s, pa);
+    for (int j = lo + 1; j <= hi; ++j) {
+        sync_and_load(j);
+        issue_scores(c, s, k_buf(j));
+        issue_pv(c, o, pa, c.s_v + ((j - 1 - lo) & 1) * KV_BYTES);
+        wg_wait<1>();
+        fence_regs(s);
+        exchange_scores(c, s);
+        softmax_tile(c, s, j, m_r, l_r, alpha);
+        wg_wait<0>();
+        fence_regs(o);
+        fence_frags(pa);
+        pack_probs(s, pa);
+        rescale(o, alpha);
+    }
+    // The last tile's PV: its V was copied at the top of its step.
+    cp_async_wait<0>();
+    unstage_q(hi - lo);
+    fence_async_smem();
+    __syncthreads();
+    issue_pv(c, o, pa, c.s_v + ((hi - lo) & 1) * KV_BYTES);
+    wg_wait<0>();
+    fence_regs(o);
+    fence_frags(pa);
+    return (kpar + hi + 1 - lo) & 1;
+}
+#endif
+
+// Output: each row's O over the quad's summed l.
+DEVI void store_out(const AttnCta& c, const float (&o)[OACC], const float (&l_r)[2], float* __restrict__ out) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_r[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = c.r0 + 8 * h;
+        if (r >= c.rows) continue;
+        const int t = c.t0 + r / c.G, head = c.kvh * c.G + r % c.G;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* dst = out + ((u64)t * c.n_heads + head) * HD + c.wdd * DS + (c.lane & 3) * 2;
+#pragma unroll
+        for (int jj = 0; jj < DS / 8; ++jj)
+            *reinterpret_cast<float2*>(dst + jj * 8) =
+                make_float2(o[jj * 4 + 2 * h] * inv, o[jj * 4 + 2 * h + 1] * inv);
+    }
+}
+
+DEVI void clear_acc(float (&o)[OACC], float (&m_r)[2], float (&l_r)[2]) {
+#pragma unroll
+    for (int i = 0; i < OACC; ++i) o[i] = 0.0f;
+    m_r[0] = m_r[1] = -INFINITY;
+    l_r[0] = l_r[1] = 0.0f;
+}
+
+#if PERSIST
+// Persistent schedule: work item i is query tile n_qt - 1 - i / n_kv_heads
+// of KV head i % n_kv_heads (the last tiles, which see the most keys under
+// a causal bound, first), and CTA b of a grid of P runs items b, 2 P - 1 -
+// b, 2 P + b, 4 P - 1 - b, ... : heaviest first, snaking so that each
+// CTA's total evens out when the work falls off linearly.
+DEVI int persist_item(int k, int b, int P) { return k * P + ((k & 1) ? P - 1 - b : b); }
+DEVI Item item_at(const AttnCta& c, int i) {
+    const int n_qt = (c.n_q + c.tok_per - 1) / c.tok_per;
+    return item_of(c, (n_qt - 1 - i / c.n_kv_heads) * c.tok_per, i % c.n_kv_heads);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
            float* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads, int n_kv_heads,
@@ -444,23 +685,29 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     const u32 raw = smem_addr(smem_raw);
     const u32 pad = ((raw + 1023u) & ~1023u) - raw;
     u8* smem = smem_raw + pad;
-    // Q: HD / 64 blocks of [BQ rows][128 bytes]; then STAGES K buffers and
+    // Q: HD / 64 blocks of [BQ rows][128 bytes] (two such tiles with
+    // PERSIST: the item's and the next one's); then STAGES K buffers and
     // STAGES V buffers, each HD / 64 blocks of [BKV rows][128 bytes]; then
-    // the score exchange.
+    // the score exchange; then (PERSIST) 64 bytes of Q staging per thread.
     AttnCta c;
     c.s_q = raw + pad;
-    c.s_k = c.s_q + Q_BYTES;
+    c.s_k = c.s_q + Q_TILES * Q_BYTES;
     c.s_v = c.s_k + STAGES * KV_BYTES;
-    c.xs = reinterpret_cast<float*>(smem + Q_BYTES + STAGES * 2 * KV_BYTES);
+    c.xs = reinterpret_cast<float*>(smem + Q_TILES * Q_BYTES + STAGES * 2 * KV_BYTES);
     c.tid = threadIdx.x;
+    c.s_qs = c.s_q + Q_TILES * Q_BYTES + STAGES * 2 * KV_BYTES + X_BYTES + (u32)c.tid * 64;
     c.lane = c.tid & 31;
     const int warp = (c.tid >> 5) & 3, wg = c.tid >> 7;
     c.wr = wg / WD;
     c.wdd = wg % WD;
-    c.kvh = blockIdx.y;
+    // This thread's rows: r0 and r0 + 8 of the CTA's BQ.
+    c.r0 = c.wr * 64 + warp * 16 + (c.lane >> 2);
+    c.n_q = n_q;
+    c.n_heads = n_heads;
     c.n_kv_heads = n_kv_heads;
     c.capacity = capacity;
     c.window = window;
+    c.q = q;
     c.kc = kc;
     c.vc = vc;
     c.ch = c.tid % LCHUNKS;
@@ -470,77 +717,57 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         c.so_even = blk + (u32)c.kr0 * 128 + ((cc ^ ((u32)c.kr0 & 7)) << 4);
         c.so_odd = blk + (u32)c.kr0 * 128 + ((cc ^ ((u32)(c.kr0 + LSTEP) & 7)) << 4);
     }
-    const int G = n_heads / n_kv_heads;
-    const int tok_per = BQ / G;
-    // The last query tiles see the most keys: they are launched first.
-    const int t0 = (gridDim.x - 1 - blockIdx.x) * tok_per;
-    const int n_tok = min(tok_per, n_q - t0);
-    c.rows = n_tok * G;
-    const int pos0 = pos0_dev ? *pos0_dev : q_pos0_arg;
-    c.kv_len = pos0 + n_q;
+    c.G = n_heads / n_kv_heads;
+    c.tok_per = BQ / c.G;
+    c.pos0 = pos0_dev ? *pos0_dev : q_pos0_arg;
+    c.kv_len = c.pos0 + n_q;
     c.cache_lo = max(0, c.kv_len - capacity);
-    c.p_lo = pos0 + t0;
-    c.p_hi = pos0 + t0 + n_tok - 1;
-#if WINDOWED
-    const int k_lo = window > 0 ? max(c.cache_lo, c.p_lo - window + 1) : c.cache_lo;
-#else
-    const int k_lo = c.cache_lo;
-#endif
-    const int tile_lo = k_lo / BKV, tile_hi = c.p_hi / BKV;
-    // This thread's rows: r0 and r0 + 8 of the CTA's BQ.
-    const int r0 = c.wr * 64 + warp * 16 + (c.lane >> 2);
-    c.live0 = r0 < c.rows;
-    c.live1 = r0 + 8 < c.rows;
-    c.qp0 = pos0 + t0 + r0 / G;
-    c.qp1 = pos0 + t0 + (r0 + 8) / G;
+    unsigned int* tile_count = reinterpret_cast<unsigned int*>(scratch);
 
-    load_rows(c, kc, c.s_k, tile_lo);
+    float o[OACC], m_r[2], l_r[2];
+#if PERSIST
+    const int P = gridDim.x, n_items = ((n_q + c.tok_per - 1) / c.tok_per) * n_kv_heads;
+    Item it = item_at(c, blockIdx.x);
+    load_rows(c, it.kvh, kc, c.s_k, it.lo);
+    cp_async_commit();
+    load_q<QBATCH>(c, it, smem, 0);
+    int kpar = 0, qcur = 0;
+    for (int k = 1;; ++k) {
+        enter_item(c, it);
+        c.s_q = raw + pad + (u32)qcur * Q_BYTES;
+        const int ni = persist_item(k, blockIdx.x, P);
+        const bool has_next = ni < n_items;
+        const Item nx = has_next ? item_at(c, ni) : it;
+        u8* qn = smem + (qcur ^ 1) * Q_BYTES;
+        clear_acc(o, m_r, l_r);
+        kpar = run_band(c, o, m_r, l_r, it.lo, it.hi, kpar, has_next, nx, qn, tile_count);
+        store_out(c, o, l_r, out);
+        if (!has_next) break;
+        load_q<QBATCH_TAIL>(c, nx, qn, min(it.hi - it.lo + 1, QITERS));
+        it = nx;
+        qcur ^= 1;
+    }
+#else
+    // The last query tiles see the most keys: they are launched first.
+    const Item it = item_of(c, (gridDim.x - 1 - blockIdx.x) * c.tok_per, blockIdx.y);
+    enter_item(c, it);
+    load_rows(c, c.kvh, kc, c.s_k, it.lo);
 #if STAGES == 1
-    load_rows(c, vc, c.s_v, tile_lo);
+    load_rows(c, c.kvh, vc, c.s_v, it.lo);
 #endif
     cp_async_commit();
-
-    // Q rows, rounded to the operand type; rows past the last token are 0.
-    // Loads go out QBATCH chunks at a time, so their latencies overlap.
-#define QITERS (BQ * LCHUNKS / NTHREADS)
-#define QBATCH (QITERS < 16 ? QITERS : 16)
-#pragma unroll
-    for (int g = 0; g < QITERS; g += QBATCH) {
-        float4 qa[QBATCH], qb[QBATCH];
-#pragma unroll
-        for (int u = 0; u < QBATCH; ++u) {
-            const int r = c.kr0 + (g + u) * LSTEP;
-            qa[u] = qb[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < c.rows) {
-                const int t = t0 + r / G, h = c.kvh * G + r % G;
-                const float4* src = reinterpret_cast<const float4*>(q + ((u64)t * n_heads + h) * HD + c.ch * 8);
-                qa[u] = src[0];
-                qb[u] = src[1];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < QBATCH; ++u) {
-            const int r = c.kr0 + (g + u) * LSTEP;
-            const uint4 w = make_uint4(op_pack(qa[u].x, qa[u].y), op_pack(qa[u].z, qa[u].w),
-                                       op_pack(qb[u].x, qb[u].y), op_pack(qb[u].z, qb[u].w));
-            *reinterpret_cast<uint4*>(smem + (c.ch / 8) * BQ * 128 + r * 128 + (((c.ch % 8) ^ (r & 7)) << 4)) = w;
-        }
-    }
-
-    float o[OACC], s[SACC];
-#pragma unroll
-    for (int i = 0; i < OACC; ++i) o[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < SACC; ++i) s[i] = 0.0f;
-    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f}, alpha[2];
-
+    load_q<QBATCH>(c, it, smem, 0);
+    clear_acc(o, m_r, l_r);
 #if STAGES == 1
     // One K/V buffer: copy, wait, then scores, softmax and PV in turn.
+    float s[SACC], alpha[2];
+#pragma unroll
+    for (int i = 0; i < SACC; ++i) s[i] = 0.0f;
     u32 pa[BKV / 16][4];
-    for (int tile = tile_lo; tile <= tile_hi; ++tile) {
-        if (tile != tile_lo) {
-            load_rows(c, kc, c.s_k, tile);
-            load_rows(c, vc, c.s_v, tile);
+    for (int tile = it.lo; tile <= it.hi; ++tile) {
+        if (tile != it.lo) {
+            load_rows(c, c.kvh, kc, c.s_k, tile);
+            load_rows(c, c.kvh, vc, c.s_v, tile);
             cp_async_commit();
         }
         cp_async_wait<0>();
@@ -548,7 +775,7 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         fence_async_smem();
         __syncthreads();
 #if COUNT_TILES
-        if (c.tid == 0) atomicAdd(reinterpret_cast<unsigned int*>(scratch), 1u);
+        if (c.tid == 0) atomicAdd(tile_count, 1u);
 #endif
         issue_scores(c, s, c.s_k);
         wg_wait<0>();
@@ -564,69 +791,8 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         __syncthreads();
     }
 #else
-    // Two K and two V buffers, PV one tile behind: while the softmax of tile
-    // j runs on the CUDA cores, the tensor cores run P_{j-1} V_{j-1}; P_j is
-    // packed into the fragments once that MMA has retired. At the top of
-    // step j, K_j and V_{j-1} have landed and every warpgroup is past step
-    // j - 1, so K_{j+1} and V_j are copied over K_{j-1} and V_{j-2}.
-    u32 pa[BKV / 16][4];
-    auto sync_and_load = [&](int j) {
-        cp_async_wait<0>();
-        fence_async_smem();
-        __syncthreads();
-#if COUNT_TILES
-        if (c.tid == 0) atomicAdd(reinterpret_cast<unsigned int*>(scratch), 1u);
+    run_band(c, o, m_r, l_r, it.lo, it.hi, 0, false, it, smem, tile_count);
 #endif
-        if (j + 1 <= tile_hi) load_rows(c, kc, c.s_k + ((j + 1 - tile_lo) & 1) * KV_BYTES, j + 1);
-        load_rows(c, vc, c.s_v + ((j - tile_lo) & 1) * KV_BYTES, j);
-        cp_async_commit();
-    };
-    // Tile tile_lo: its scores and P; no O yet.
-    sync_and_load(tile_lo);
-    issue_scores(c, s, c.s_k);
-    wg_wait<0>();
-    fence_regs(s);
-    exchange_scores(c, s);
-    softmax_tile(c, s, tile_lo, m_r, l_r, alpha);
-    pack_probs(s, pa);
-    for (int j = tile_lo + 1; j <= tile_hi; ++j) {
-        sync_and_load(j);
-        issue_scores(c, s, c.s_k + ((j - tile_lo) & 1) * KV_BYTES);
-        issue_pv(c, o, pa, c.s_v + ((j - 1 - tile_lo) & 1) * KV_BYTES);
-        wg_wait<1>();
-        fence_regs(s);
-        exchange_scores(c, s);
-        softmax_tile(c, s, j, m_r, l_r, alpha);
-        wg_wait<0>();
-        fence_regs(o);
-        fence_frags(pa);
-        pack_probs(s, pa);
-        rescale(o, alpha);
-    }
-    // The last tile's PV: its V was copied at the top of its step.
-    cp_async_wait<0>();
-    fence_async_smem();
-    __syncthreads();
-    issue_pv(c, o, pa, c.s_v + ((tile_hi - tile_lo) & 1) * KV_BYTES);
-    wg_wait<0>();
-    fence_regs(o);
-    fence_frags(pa);
+    store_out(c, o, l_r, out);
 #endif
-
-    // Output: each row's O over the quad's summed l.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = l_r[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int r = r0 + 8 * h;
-        if (r >= c.rows) continue;
-        const int t = t0 + r / G, head = c.kvh * G + r % G;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* dst = out + ((u64)t * n_heads + head) * HD + c.wdd * DS + (c.lane & 3) * 2;
-#pragma unroll
-        for (int jj = 0; jj < DS / 8; ++jj)
-            *reinterpret_cast<float2*>(dst + jj * 8) =
-                make_float2(o[jj * 4 + 2 * h] * inv, o[jj * 4 + 2 * h + 1] * inv);
-    }
 }

@@ -25,6 +25,9 @@ pub struct Tile {
     pub stages: usize,
     /// The Hopper loop of attn_wgmma.cuh (ALGO = 2) instead of attn_core.cuh.
     pub wgmma: bool,
+    /// PERSIST = 1 (wgmma only): about one CTA per SM runs the work items
+    /// in turn, with a second Q tile for the next item's.
+    pub persist: bool,
 }
 
 impl Tile {
@@ -43,7 +46,17 @@ impl Tile {
             } else {
                 0
             };
-            return 1024 + self.bq * hd * 2 + self.stages * 4 * self.bkv * hd + exchange;
+            // PERSIST: a second Q tile, and two 32-byte Q staging slots per thread.
+            let (q_tiles, staging) = if self.persist {
+                (2, 2 * self.threads() * 32)
+            } else {
+                (1, 0)
+            };
+            return 1024
+                + q_tiles * self.bq * hd * 2
+                + self.stages * 4 * self.bkv * hd
+                + exchange
+                + staging;
         }
         let qs = hd + 8;
         (self.bq * qs + 2 * self.stages * self.bkv * qs) * 2
@@ -157,6 +170,7 @@ fn read_algo(
                 wd: int_of(d, "WD", &[1, 2, 4])?,
                 stages: int_of(d, "STAGES", &[1, 2])?,
                 wgmma: false,
+                persist: false,
             };
             int_of(d, "CP_ASYNC", &[0, 1])?;
             t.check_group(p)?;
@@ -210,8 +224,12 @@ fn read_wgmma(
         wd: int_of(d, "WD", &[1, 2])?,
         stages: int_of(d, "STAGES", &[1, 2])?,
         wgmma: true,
+        persist: int_of(d, "PERSIST", &[0, 1])? == 1,
     };
     t.check_group(p)?;
+    if t.persist && t.stages != 2 {
+        return Err("PERSIST=1 runs the two-stage loop (STAGES=2)".into());
+    }
     let slice = hd / t.wd;
     if hd % t.wd != 0 || (slice != 128 && slice != 256) {
         return Err(format!(
@@ -246,8 +264,21 @@ pub fn splits(d: &Defines, t: &Tile, p: &AttnProblem, lim: &DeviceLimits) -> Res
     Ok(want.min(tiles).clamp(1, MAX_SPLITS))
 }
 
-/// The launch of a validated variant (`z` KV splits; 1 for prefill).
-pub fn geometry(entry: &str, algo: &Algo, p: &AttnProblem, z: usize) -> LaunchGeometry {
+/// CTAs of one tile that fit an SM at once by shared memory and threads
+/// (1 KiB per CTA is the driver's reservation).
+pub fn ctas_per_sm(smem: usize, threads: usize, lim: &DeviceLimits) -> usize {
+    ((lim.max_smem_per_block as usize + 1024) / (smem + 1024)).clamp(1, 2048 / threads.max(1))
+}
+
+/// The launch of a validated variant (`z` KV splits; 1 for prefill). A
+/// persistent tile gets one CTA per item up to what the device holds at once.
+pub fn geometry(
+    entry: &str,
+    algo: &Algo,
+    p: &AttnProblem,
+    z: usize,
+    lim: &DeviceLimits,
+) -> LaunchGeometry {
     match algo {
         Algo::Scalar { warps } => LaunchGeometry {
             kernel: entry.into(),
@@ -255,6 +286,17 @@ pub fn geometry(entry: &str, algo: &Algo, p: &AttnProblem, z: usize) -> LaunchGe
             block: ((warps * 32) as u32, 1, 1),
             dyn_smem: 0,
         },
+        Algo::Mma(t) if t.persist => {
+            let items = p.n_q.div_ceil(tokens_per_cta(t, p)) * p.n_kv_heads;
+            let smem = t.smem_bytes(p.head_dim);
+            let resident = lim.sm_count as usize * ctas_per_sm(smem, t.threads(), lim);
+            LaunchGeometry {
+                kernel: entry.into(),
+                grid: (items.min(resident) as u32, 1, z as u32),
+                block: (t.threads() as u32, 1, 1),
+                dyn_smem: smem as u32,
+            }
+        }
         Algo::Mma(t) => LaunchGeometry {
             kernel: entry.into(),
             grid: (
@@ -552,6 +594,7 @@ mod tests {
             wd: 2,
             stages: 2,
             wgmma: false,
+            persist: false,
         };
         // 4096 tokens from 0, window 512: 16 tokens per CTA (GQA 4).
         let p = prob(4096, 0, 512, 4096);
@@ -616,6 +659,7 @@ mod tests {
             ("WD", wd),
             ("STAGES", stages),
             ("CP_ASYNC", 1),
+            ("PERSIST", 0),
         ] {
             d.insert(k.into(), v.into());
         }
@@ -670,5 +714,40 @@ mod tests {
         assert!(read_prefill(&dsync, &p, &h100)
             .unwrap_err()
             .contains("CP_ASYNC"));
+    }
+
+    #[test]
+    fn persistent_tiles_hold_two_q_tiles_and_launch_at_most_one_cta_per_sm() {
+        let h100 = DeviceLimits::for_arch(Arch(90));
+        // 4096 tokens, 32 per item, 2 KV heads: 256 items on 132 SMs.
+        let p = prob(4096, 0, 512, 4096);
+        let mut d = wgmma_defines(256, 128, 32, 1, 2);
+        d.insert("PERSIST".into(), 1i64.into());
+        let algo = read_prefill(&d, &p, &h100).expect("the persistent window tile");
+        let Algo::Mma(t) = &algo else {
+            panic!("ALGO=2 read as the scalar kernel")
+        };
+        assert!(t.persist);
+        assert_eq!(
+            t.smem_bytes(256),
+            1024 + 2 * 128 * 256 * 2 + 2 * 4 * 32 * 256 + 2 * 256 * 32
+        );
+        let g = geometry("attn_prefill", &algo, &p, 1, &h100);
+        assert_eq!(g.grid, (132, 1, 1));
+        assert_eq!(g.dyn_smem as usize, t.smem_bytes(256));
+        // Fewer items than SMs: one CTA per item.
+        let short = prob(100, 0, 512, 100);
+        let g = geometry("attn_prefill", &algo, &short, 1, &h100);
+        assert_eq!(g.grid, (8, 1, 1));
+        // A 64-key tile has no room for the second Q tile; one buffer per
+        // stage has no band loop to hide the next item behind.
+        d.insert("BKV".into(), 64i64.into());
+        let e = read_prefill(&d, &p, &h100).unwrap_err();
+        assert!(e.contains("shared memory"), "{e}");
+        let mut d1 = wgmma_defines(256, 64, 64, 1, 1);
+        d1.insert("PERSIST".into(), 1i64.into());
+        assert!(read_prefill(&d1, &p, &h100)
+            .unwrap_err()
+            .contains("STAGES=2"));
     }
 }

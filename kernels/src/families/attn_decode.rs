@@ -80,7 +80,7 @@ impl Family for AttnDecode {
             attention::Algo::Mma(t) => attention::splits(d, t, a, lim)?,
             attention::Algo::Scalar { .. } => 1,
         };
-        Ok(attention::geometry("attn_decode", &algo, a, z))
+        Ok(attention::geometry("attn_decode", &algo, a, z, lim))
     }
     fn workload(
         &self,
@@ -280,9 +280,7 @@ pub fn stream_splits(
         p.kv_len()
     };
     let tiles = keys.div_ceil(t.bkv) + 1;
-    // 1 KiB of shared memory per CTA is the driver's reservation.
-    let per_sm = ((lim.max_smem_per_block as usize + 1024) / (t.smem_bytes(p.head_dim) + 1024))
-        .clamp(1, 2048 / t.threads());
+    let per_sm = attention::ctas_per_sm(t.smem_bytes(p.head_dim), t.threads(), lim);
     let ctas = p.n_q.div_ceil(t.bq / p.group()) * p.n_kv_heads;
     let want = (lim.sm_count as usize * per_sm).div_ceil(ctas.max(1));
     Ok(want.min(tiles).clamp(1, MAX_SPLITS))

@@ -42,6 +42,7 @@ impl Family for AttnPrefill {
             ("STAGES", 2),
             ("CP_ASYNC", 1),
             ("WINDOWED", 0),
+            ("PERSIST", 0),
             ("COUNT_TILES", 0),
         ]);
         d.insert("KV_TYPE".into(), "F16".into());
@@ -63,10 +64,15 @@ impl Family for AttnPrefill {
         let algo = attention::read_prefill(d, a, lim)?;
         crate::family::int_in(d, "WINDOWED", &[0, 1])?;
         crate::family::int_in(d, "COUNT_TILES", &[0, 1])?;
+        if crate::family::int_in(d, "PERSIST", &[0, 1])? == 1
+            && !matches!(algo, Algo::Mma(t) if t.wgmma)
+        {
+            return Err("PERSIST=1 is the wgmma loop's schedule (ALGO=2)".into());
+        }
         if a.n_q > 65535 * 16 {
             return Err(format!("{} query tokens in one call", a.n_q));
         }
-        Ok(attention::geometry("attn_prefill", &algo, a, 1))
+        Ok(attention::geometry("attn_prefill", &algo, a, 1, lim))
     }
     fn workload(
         &self,
@@ -91,5 +97,41 @@ pub fn expected_tiles(d: &Defines, p: &Problem, lim: &DeviceLimits) -> Option<u6
             get_int(d, "WINDOWED").ok()? == 1,
         )),
         Algo::Scalar { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::Arch;
+    use crate::family::{AttnProblem, KvType};
+
+    #[test]
+    fn the_persistent_schedule_is_the_wgmma_loops_only() {
+        let f = AttnPrefill;
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let p = Problem::Attention(AttnProblem {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 256,
+            window: 512,
+            q_pos0: 0,
+            n_q: 4096,
+            capacity: 4096,
+            kv_type: KvType::F16,
+        });
+        let mut d = f.default_defines(GgmlType::F16);
+        d.insert("PERSIST".into(), 1i64.into());
+        let e = f.validate(&d, &p, &lim).unwrap_err();
+        assert!(e.contains("ALGO=2"), "{e}");
+        for (k, v) in [("ALGO", 2i64), ("BQ", 128), ("BKV", 32), ("WD", 1)] {
+            d.insert(k.into(), v.into());
+        }
+        let g = f
+            .validate(&d, &p, &lim)
+            .expect("the persistent window tile");
+        assert_eq!(g.grid, (132, 1, 1));
+        d.insert("PERSIST".into(), 2i64.into());
+        assert!(f.validate(&d, &p, &lim).is_err());
     }
 }

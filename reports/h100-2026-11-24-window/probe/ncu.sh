@@ -1,0 +1,5 @@
+#!/bin/bash
+# $1 shape, $2 variant, $3 out file
+M="gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_ldgsts.sum,smsp__inst_executed_op_global_ld.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__cycles_active.avg"
+S=$(for r in barrier long_scoreboard wait gmma lg_throttle mio_throttle short_scoreboard math_pipe_throttle dispatch_stall not_selected selected drain membar no_instruction branch_resolving; do printf ",smsp__average_warps_issue_stalled_%s_per_issue_active.ratio" $r; done)
+/usr/local/cuda/bin/ncu -k attn_prefill -s 6 -c 1 --metrics "$M$S" --page raw .gpu-w/gemtune tune attn_prefill --shapes .gpu-w/wsweep.toml --shape "$1" --variant "$2" --regime l2 --budget-ms 1 --min-reps 1 --max-reps 8 --no-reference --out /tmp/ncux > "$3" 2>&1
