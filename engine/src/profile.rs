@@ -18,6 +18,7 @@
 //! [fallback.gemm_dq_f16]
 //! family = "gemm_dq"
 //! defines = { DQ_TYPE = "F16", BM = 128, BN = 128, ... }
+//! fallback = "NEXT"                # optional: tried where this one cannot run either
 //! ```
 //!
 //! A slot is looked up by its full name (`gemm.down`), then by its group
@@ -106,13 +107,18 @@ pub struct ProfileFile {
     pub fallback: BTreeMap<String, Choice>,
 }
 
-/// A family and its defines.
+/// A family and its defines (a `[fallback.NAME]` table).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Choice {
     pub family: String,
     #[serde(default)]
     pub defines: BTreeMap<String, DefineValue>,
+    /// The next `[fallback.NAME]` to try where this one cannot run either
+    /// (a chain: a Hopper kernel for small GQA groups, then one for larger
+    /// groups, then one for every device).
+    #[serde(default)]
+    pub fallback: Option<String>,
 }
 
 /// What serves a slot.
@@ -161,6 +167,12 @@ pub enum ProfileError {
     },
     #[error("{profile}: slot '{slot}' names fallback '{fallback}', which has no [fallback.{fallback}] table")]
     MissingFallback {
+        profile: String,
+        slot: String,
+        fallback: String,
+    },
+    #[error("{profile}: the fallback chain from slot '{slot}' comes back to '{fallback}'")]
+    FallbackCycle {
         profile: String,
         slot: String,
         fallback: String,
@@ -320,14 +332,26 @@ impl Profile {
                     define: d.clone(),
                 });
             }
-            if let Some(fb) = &c.fallback {
-                if !p.fallbacks.contains_key(fb) {
+            // Every fallback of the chain exists, and the chain ends.
+            let mut seen: Vec<&str> = Vec::new();
+            let mut next = c.fallback.as_deref();
+            while let Some(fb) = next {
+                if seen.contains(&fb) {
+                    return Err(ProfileError::FallbackCycle {
+                        profile: p.name.clone(),
+                        slot: slot.clone(),
+                        fallback: fb.to_string(),
+                    });
+                }
+                seen.push(fb);
+                let Some(f) = p.fallbacks.get(fb) else {
                     return Err(ProfileError::MissingFallback {
                         profile: p.name.clone(),
                         slot: slot.clone(),
-                        fallback: fb.clone(),
+                        fallback: fb.to_string(),
                     });
-                }
+                };
+                next = f.fallback.as_deref();
             }
         }
         for s in SLOTS.iter().map(|(s, _)| *s) {
@@ -402,6 +426,34 @@ mod tests {
             Profile::load("nope"),
             Err(ProfileError::Unknown { .. })
         ));
+    }
+
+    #[test]
+    fn fallback_chains_must_exist_and_end() {
+        let slot = "name = \"x\"\nbase = \"main\"\n[slot.\"attn_decode.full\"]\nfamily = \"attn_decode\"\nfallback = \"a\"\n";
+        let link = |name: &str, next: &str| {
+            format!("[fallback.{name}]\nfamily = \"attn_decode\"\nfallback = \"{next}\"\n")
+        };
+        let e = Profile::parse("t", &format!("{slot}{}", link("a", "b"))).unwrap_err();
+        assert!(
+            matches!(e, ProfileError::MissingFallback { ref fallback, .. } if fallback == "b"),
+            "{e}"
+        );
+        let e = Profile::parse("t", &format!("{slot}{}{}", link("a", "b"), link("b", "a")))
+            .unwrap_err();
+        assert!(
+            matches!(e, ProfileError::FallbackCycle { ref fallback, .. } if fallback == "a"),
+            "{e}"
+        );
+        let p = Profile::parse(
+            "t",
+            &format!(
+                "{slot}{}[fallback.b]\nfamily = \"attn_decode\"\n",
+                link("a", "b")
+            ),
+        )
+        .expect("a chain that ends");
+        assert_eq!(p.fallbacks["a"].fallback.as_deref(), Some("b"));
     }
 
     #[test]

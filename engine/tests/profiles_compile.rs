@@ -101,3 +101,39 @@ fn every_profile_compiles_for_every_arch_on_every_model_shape() {
         }
     }
 }
+
+/// `decode-km`'s full-layer decode slot resolves through its fallback
+/// chain: the 8-row key-major tile where the GQA group fits (E4B), the
+/// 16-row one for 12B's 16-head group on sm_90, and on sm_89 (no bulk
+/// copies, and too little shared memory for stream-qs at 12B) main's own
+/// fallback, the tile loop.
+#[test]
+fn decode_km_picks_its_full_layer_kernel_by_gqa_group_and_device() {
+    let profile = Profile::load("decode-km").expect("profile");
+    let served = |v: SynthVariant, arch: u32| -> (i64, i64) {
+        let planner = Planner::new(profile.clone(), None, DeviceLimits::for_arch(Arch(arch)));
+        let cfg = synth::preset(v);
+        let wt = WeightType::Q8_0;
+        let dims = ModelDims::from_config(
+            &cfg,
+            wt.matrix_type(),
+            wt.embedding_type(cfg.d_model as u64),
+            &planner,
+        );
+        let max_seq = 8192.min(cfg.context_length);
+        let calls = slot_calls(&planner, &cfg, &dims, 1, max_seq, 512, KvType::F16).expect("calls");
+        let c = calls
+            .iter()
+            .find(|c| c.slot == "attn_decode.full")
+            .expect("a full-layer decode call");
+        let (_, d, why) = planner
+            .resolve(&c.slot, &c.problem, &c.bound)
+            .expect("served");
+        let int = |k: &str| gemtune_kernels::defines::get_int(&d, k).expect(k);
+        println!("{} sm_{arch}: {why}", v.name());
+        (int("ALGO"), int("BQ"))
+    };
+    assert_eq!(served(SynthVariant::E4b, 90), (3, 8));
+    assert_eq!(served(SynthVariant::B12, 90), (3, 16));
+    assert_eq!(served(SynthVariant::B12, 89), (1, 16));
+}

@@ -329,6 +329,11 @@ fn wgmma_variants_pass_on_ragged_shapes() {
         // during the band, KV heads changing between items).
         swa(1800, 400, 512),
         swa(2200, 100, 0),
+        // ... and over a ring that has wrapped (keys at pos % capacity).
+        AttnProblem {
+            capacity: 512 + 2600 - 1,
+            ..swa(2600, 3000, 512)
+        },
     ];
     let variants: [&[(&str, i64)]; 7] = [
         &[("BQ", 128), ("BKV", 64), ("STAGES", 2)],

@@ -8,9 +8,10 @@
 //! 2. with `tuned = true` and a matmul problem, the device's tuned table
 //!    entry for the family at (m bucket, n, k, weight type) replaces the
 //!    defines, when it validates;
-//! 3. `Family::validate` on the device's limits; if the device cannot run
-//!    the choice (a Hopper-only family on sm_80/sm_89), the slot's named
-//!    fallback; if it has none, an error naming the slot and the reason.
+//! 3. `Family::validate` on the device's limits; if the device or the
+//!    problem rules the choice out (a Hopper-only family on sm_80/sm_89, a
+//!    GQA group larger than the tile), the slot's fallback chain in order;
+//!    if none can run, an error naming the slot and every reason.
 //!
 //! Every decision is recorded with its reason (`run -v` prints them). The
 //! engine never tunes: it reads the profile and the tuned table only.
@@ -184,34 +185,44 @@ impl Planner {
         match fam.validate(&defines, p, &self.limits) {
             Ok(_) => Ok((fam, defines, why)),
             Err(reason) => {
-                let Some(fb) = &choice.fallback else {
+                if choice.fallback.is_none() {
                     return Err(err(format!(
                         "{} cannot run here: {reason} (the profile names no fallback for this slot)",
                         fam.name()
                     )));
-                };
-                let Choice {
-                    family: ffam,
-                    defines: fdef,
-                } =
-                    self.profile.fallbacks.get(fb).ok_or_else(|| {
+                }
+                // The slot's fallback chain, in order; `Profile::load`
+                // checked that every link exists and that the chain ends.
+                let mut refused = vec![format!("{} ({reason})", fam.name())];
+                let mut next = choice.fallback.as_deref();
+                while let Some(fb) = next {
+                    let Choice {
+                        family: ffam,
+                        defines: fdef,
+                        fallback: after,
+                    } = self.profile.fallbacks.get(fb).ok_or_else(|| {
                         err(format!("fallback '{fb}' is not defined in the profile"))
                     })?;
-                let f2 = family(ffam)
-                    .ok_or_else(|| err(format!("fallback family '{ffam}' is not registered")))?;
-                let d2 = with_bound(f2, fdef);
-                f2.validate(&d2, p, &self.limits).map_err(|r2| {
-                    err(format!(
-                        "{} cannot run here ({reason}) and neither can its fallback {} ({r2})",
-                        fam.name(),
-                        f2.name()
-                    ))
-                })?;
-                Ok((
-                    f2,
-                    d2,
-                    format!("fallback {fb}: {} cannot run here ({reason})", fam.name()),
-                ))
+                    let f2 = family(ffam).ok_or_else(|| {
+                        err(format!("fallback family '{ffam}' is not registered"))
+                    })?;
+                    let d2 = with_bound(f2, fdef);
+                    match f2.validate(&d2, p, &self.limits) {
+                        Ok(_) => {
+                            return Ok((
+                                f2,
+                                d2,
+                                format!("fallback {fb}: cannot run here: {}", refused.join("; ")),
+                            ))
+                        }
+                        Err(r2) => refused.push(format!("fallback {fb}: {} ({r2})", f2.name())),
+                    }
+                    next = after.as_deref();
+                }
+                Err(err(format!(
+                    "neither the slot's choice nor any fallback can run here: {}",
+                    refused.join("; ")
+                )))
             }
         }
     }
