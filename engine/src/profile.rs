@@ -132,8 +132,9 @@ pub struct SlotChoice {
     /// entry for the slot's family at the call's shape.
     #[serde(default)]
     pub tuned: bool,
-    /// Name of a `[fallback.NAME]` used where the device cannot run this
-    /// choice (a Hopper-only family on sm_80/sm_89).
+    /// Name of the first `[fallback.NAME]` of the chain used where this
+    /// choice cannot run (a Hopper-only family on sm_80/sm_89, a tile
+    /// whose rows do not hold the problem's GQA group).
     #[serde(default)]
     pub fallback: Option<String>,
     /// Why this choice (printed by `run -v`).
