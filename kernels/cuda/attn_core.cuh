@@ -72,6 +72,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
            float* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads, int n_kv_heads,
            int window, const int* __restrict__ pos0_dev, float* __restrict__ scratch) {
+    // Launched as a programmatic dependent (decode, SPLIT = 1), it waits for
+    // the grid ahead before it reads anything (attn_split.cuh's launch order).
+    pdl_await_prior();
     extern __shared__ __align__(16) u8 smem[];
     u16* Qs = reinterpret_cast<u16*>(smem);
     u16* Ks = Qs + BQ * QSTRIDE;

@@ -104,8 +104,8 @@
 #endif
 
 // The combine is launched as a programmatic dependent of the split kernel
-// (attn_split.cuh: release_combine / await_splits), so its launch overlaps
-// the streaming kernels' work.
+// (attn_split.cuh: the launch order), so its launch overlaps the streaming
+// kernels' work; it lets the next programmatic dependent start early too.
 //
 // Block (row, y) of 256 threads merges head dims 64 y .. 64 y + 63 of one
 // (token, head) row over the `splits` partials: O = sum_z e^(m_z - M) O_z /
@@ -120,7 +120,8 @@ extern "C" __global__ void __launch_bounds__(256)
 attn_combine(const float* __restrict__ scratch, float* __restrict__ out, int n_q, int n_heads, int splits) {
     __shared__ float4 acc_s[16][16];
     __shared__ float m_s[16], l_s[16];
-    await_splits();
+    pdl_release_dependents();
+    pdl_await_prior();
     const int tid = threadIdx.x;
     const u64 row = blockIdx.x;
     const u64 rows = (u64)n_q * n_heads;

@@ -151,7 +151,7 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     u16* Qs = reinterpret_cast<u16*>(smem);
     u16* Ks = Qs + BQ * QSTRIDE;
     u16* Vs = Ks + STAGES * BKV * QSTRIDE;
-    release_combine();
+    pdl_release_dependents();
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kw = warp / WD, wd = warp % WD;
@@ -234,8 +234,23 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
         l_run[nt][0] = l_run[nt][1] = 0.0f;
     }
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    // The prologue's tiles of keys below pos0 go out before the wait for the
+    // grid ahead (attn_split.cuh); then the Q loads, ahead of the remaining
+    // copies so that they do not queue behind them; then those copies.
+    int pre = 0;
+#pragma unroll 1
+    for (; pre < STAGES - 1; ++pre) {
+        if (tile_lo + pre > tile_hi || !tile_before_step(sp, tile_lo + pre)) break;
+        load_tile(tile_lo + pre, pre);
+#if !BULK
+        cp_async_commit();
+#endif
+    }
+    pdl_await_prior();
+    QRows<NTHREADS> qrows;
+    fetch_q_rows<NTHREADS>(qrows, q, sp, n_heads);
+#pragma unroll 1
+    for (int s = pre; s < STAGES - 1; ++s) {
         if (tile_lo + s <= tile_hi) load_tile(tile_lo + s, s);
 #if !BULK
         cp_async_commit();
@@ -243,9 +258,8 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     }
 
     // Q rows, rounded to the operand type; rows past the last token are 0.
-    // Loaded after the first tiles' copies are under way, so their latency
-    // overlaps; the loop's first barrier publishes them.
-    load_q_rows<NTHREADS>(Qs, QSTRIDE, q, sp, n_heads);
+    // The loop's first barrier publishes them.
+    store_q_rows<NTHREADS>(Qs, QSTRIDE, qrows);
 
     // This warp's S^T head dims start at s_dim0.
     const int s_dim0 = QSPLIT ? wd * SDIMS : 0;

@@ -34,6 +34,9 @@ ATTN_SCALAR_ENTRY(const float* __restrict__ q, const void* __restrict__ kc, cons
                   float* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads,
                   int n_kv_heads, int window, const int* __restrict__ pos0_dev, float* __restrict__ scratch) {
     (void)scratch;
+    // Launched as a programmatic dependent (decode), it waits for the grid
+    // ahead before it reads anything (attn_split.cuh's launch order).
+    pdl_await_prior();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * SCALAR_WARPS + (threadIdx.x >> 5);
     if (row >= n_q * n_heads) return;

@@ -20,21 +20,26 @@
 
 #pragma once
 
-// The split kernel and attn_combine as a programmatic dependent launch
-// (PDL, sm_90; bind::attention::launch): the split kernel lets the combine be
-// scheduled once every split CTA has started, and the combine waits for the
-// split grid's completion (its partials visible) before it reads them. Both
-// are no-ops below sm_90, where the launches are plain and stream-ordered.
-DEVI void release_combine() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-DEVI void await_splits() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// Launch order (bind::attention::launch, sm_90): the split kernel is a
+// programmatic dependent of the kernel before it, and attn_combine one of
+// the split kernel (common.cuh: pdl_release_dependents / pdl_await_prior).
+// - A split CTA calls pdl_release_dependents first, so the combine is
+//   resident while the splits stream, and waits with pdl_await_prior for
+//   the grid before it only where it must: before it reads Q, before it
+//   copies a tile holding a key at or past pos0 (the keys that grid, the
+//   K/V write of the same step, may still be writing), and before it writes
+//   its partial (the previous call's combine may still read scratch). A tile
+//   of older keys was written by an earlier step's K/V write, and every
+//   launch since then either finished before the grid ahead began (plain
+//   launches: only attention's are programmatic) or, being attention, only
+//   reads the cache. So those copies go out before the wait: the cache's
+//   first bytes stream while the grid ahead runs, instead of after the
+//   launch gap. A ring slot that grid overwrites holds a key below the
+//   oldest one a row can see: copied alongside a visible key it is masked,
+//   and either value is finite.
+// - attn_combine calls pdl_release_dependents too, then waits for the
+//   splits before it reads their partials.
+// In a plain launch, and below sm_90, both calls do nothing.
 
 struct DecodeSplit {
     int kvh, G, t0, n_tok, rows;
@@ -68,20 +73,46 @@ DEVI DecodeSplit decode_split(int q_pos0_arg, int n_q, int capacity, int n_heads
     return s;
 }
 
-// The CTA's Q rows into shared memory (row stride `stride` u16), rounded to
-// the operand type; rows past the last token are 0. No barrier: the caller
-// publishes them.
+// Whether key tile `tile` (keys tile BKV ..) holds only keys below pos0, so
+// its copy may go out before pdl_await_prior (see the launch order above).
+DEVI bool tile_before_step(const DecodeSplit& s, int tile) { return (tile + 1) * BKV <= s.pos0; }
+
+// The CTA's Q rows, in two steps so that their loads can go out ahead of
+// tile copies issued after them: fetch_q_rows issues every load into
+// registers (QRows, BQ HEAD_DIM / 2 / NTHREADS_ float2 per thread),
+// store_q_rows rounds them to the operand type into shared memory (row
+// stride `stride` u16); rows past the last token are 0. Loads issued behind
+// a CTA's tile copies return only after those bytes (even an L2 hit), so the
+// Q loads go out before every copy that pdl_await_prior does not hold back.
+// No barrier: the caller publishes the rows.
 template <int NTHREADS_>
-DEVI void load_q_rows(u16* Qs, int stride, const float* __restrict__ q, const DecodeSplit& s, int n_heads) {
-#pragma unroll 8
-    for (int i = threadIdx.x; i < BQ * HEAD_DIM / 2; i += NTHREADS_) {
+struct QRows {
+    static constexpr int N = BQ * HEAD_DIM / 2 / NTHREADS_;
+    static_assert(BQ * HEAD_DIM / 2 % NTHREADS_ == 0, "Q row pairs must split evenly over the CTA");
+    float2 v[N];
+};
+
+template <int NTHREADS_>
+DEVI void fetch_q_rows(QRows<NTHREADS_>& f, const float* __restrict__ q, const DecodeSplit& s, int n_heads) {
+#pragma unroll
+    for (int j = 0; j < QRows<NTHREADS_>::N; ++j) {
+        const int i = threadIdx.x + j * NTHREADS_;
         const int r = i / (HEAD_DIM / 2), c2 = i % (HEAD_DIM / 2);
-        float2 v = make_float2(0.f, 0.f);
+        f.v[j] = make_float2(0.f, 0.f);
         if (r < s.rows) {
             const int t = s.t0 + r / s.G, h = s.kvh * s.G + r % s.G;
-            v = reinterpret_cast<const float2*>(q + ((u64)t * n_heads + h) * HEAD_DIM)[c2];
+            f.v[j] = reinterpret_cast<const float2*>(q + ((u64)t * n_heads + h) * HEAD_DIM)[c2];
         }
-        reinterpret_cast<u32*>(Qs + r * stride)[c2] = op_pack(v.x, v.y);
+    }
+}
+
+template <int NTHREADS_>
+DEVI void store_q_rows(u16* Qs, int stride, const QRows<NTHREADS_>& f) {
+#pragma unroll
+    for (int j = 0; j < QRows<NTHREADS_>::N; ++j) {
+        const int i = threadIdx.x + j * NTHREADS_;
+        const int r = i / (HEAD_DIM / 2), c2 = i % (HEAD_DIM / 2);
+        reinterpret_cast<u32*>(Qs + r * stride)[c2] = op_pack(f.v[j].x, f.v[j].y);
     }
 }
 

@@ -85,7 +85,7 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     u16* Qs = reinterpret_cast<u16*>(smem);
     u16* Ks = Qs + BQ * QSTRIDE;
     u16* Vs = Ks + STAGES * BKV * QSTRIDE;
-    release_combine();
+    pdl_release_dependents();
 #if QSPLIT && WD > 1
     float* Sx = reinterpret_cast<float*>(
         smem + BQ * QSTRIDE * 2 +
@@ -100,21 +100,6 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
     const int kvh = sp.kvh, G = sp.G, t0 = sp.t0, rows = sp.rows, pos0 = sp.pos0, kv_len = sp.kv_len;
     const int cache_lo = sp.cache_lo, p_lo = sp.p_lo, p_hi = sp.p_hi, k_lo = sp.k_lo;
     const int tile_lo = sp.tile_lo, tile_hi = sp.tile_hi;
-
-    // Q rows, rounded to the operand type; rows past the last token are 0.
-    load_q_rows<NTHREADS>(Qs, QSTRIDE, q, sp, n_heads);
-
-#if QSPLIT
-    // This warp's Q fragments: rows rg 16.., head dims wd HD / WD ...
-    __syncthreads();
-    u32 qa[RG][OCOLS / 16][4];
-#pragma unroll
-    for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
-        for (int kq = 0; kq < OCOLS / 16; ++kq)
-            ldmatrix_x4(smem_addr(Qs + (rg * 16 + (lane & 15)) * QSTRIDE + wd * OCOLS + kq * 16 + (lane >> 4) * 8),
-                        qa[rg][kq][0], qa[rg][kq][1], qa[rg][kq][2], qa[rg][kq][3]);
-#endif
 
     // Every thread copies LOADS 16-byte chunks of K and of V per tile, all
     // at its column ch, rows kr0 + j NTHREADS / CHUNKS.
@@ -146,11 +131,40 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
         l_run[rg][0] = l_run[rg][1] = 0.0f;
     }
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    // The prologue's tiles of keys below pos0 go out before the wait for the
+    // grid ahead (attn_split.cuh); then Q, then the remaining copies.
+    int pre = 0;
+#pragma unroll 1
+    for (; pre < STAGES - 1; ++pre) {
+        if (tile_lo + pre > tile_hi || !tile_before_step(sp, tile_lo + pre)) break;
+        load_tile(tile_lo + pre, pre);
+        cp_async_commit();
+    }
+    pdl_await_prior();
+    // The Q loads go out ahead of the remaining copies (attn_split.cuh).
+    QRows<NTHREADS> qrows;
+    fetch_q_rows<NTHREADS>(qrows, q, sp, n_heads);
+#pragma unroll 1
+    for (int s = pre; s < STAGES - 1; ++s) {
         if (tile_lo + s <= tile_hi) load_tile(tile_lo + s, s);
         cp_async_commit();
     }
+
+    // Q rows, rounded to the operand type; rows past the last token are 0.
+    store_q_rows<NTHREADS>(Qs, QSTRIDE, qrows);
+
+#if QSPLIT
+    // This warp's Q fragments: rows rg 16.., head dims wd HD / WD ...
+    __syncthreads();
+    u32 qa[RG][OCOLS / 16][4];
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg)
+#pragma unroll
+        for (int kq = 0; kq < OCOLS / 16; ++kq)
+            ldmatrix_x4(smem_addr(Qs + (rg * 16 + (lane & 15)) * QSTRIDE + wd * OCOLS + kq * 16 + (lane >> 4) * 8),
+                        qa[rg][kq][0], qa[rg][kq][1], qa[rg][kq][2], qa[rg][kq][3]);
+#endif
+
     int buf = 0;
     for (int tile = tile_lo; tile <= tile_hi; ++tile) {
         cp_async_wait<STAGES - 2>();

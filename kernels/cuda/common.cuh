@@ -75,6 +75,24 @@ DEVI int dp4a(int a, int b, int c) {
 DEVI u32 q4_lo_s8(u32 v) { return ((v & 0x0F0F0F0Fu) + 0x78787878u) ^ 0x80808080u; }
 DEVI u32 q4_hi_s8(u32 v) { return (((v >> 4) & 0x0F0F0F0Fu) + 0x78787878u) ^ 0x80808080u; }
 
+// ---- programmatic dependent launch (PDL, sm_90) ------------------------------
+// A kernel launched as a programmatic dependent (Gpu::launch_dependent) may
+// start before the grid ahead of it on the stream has finished: it must call
+// pdl_await_prior before it reads anything that grid wrote, or writes
+// anything that grid reads. pdl_release_dependents lets the next programmatic
+// dependent be scheduled while this grid still runs. Both are no-ops below
+// sm_90 and in a kernel launched plainly, so every kernel may call them.
+DEVI void pdl_release_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+DEVI void pdl_await_prior() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---- shared memory addressing, cp.async, ldmatrix, mma ---------------------
 DEVI u32 smem_addr(const void* p) {
     u32 r;

@@ -66,6 +66,11 @@ qk_norm_rope(const float* __restrict__ q_in, int q_stride, const float* __restri
              const int* __restrict__ pos0, float* __restrict__ q_out, void* __restrict__ k_cache,
              void* __restrict__ v_cache, int capacity, int rows, int n_heads, int n_kv_heads, float eps) {
     __shared__ float red[16];
+    // The decode attention that follows is a programmatic dependent
+    // (bind::attention::launch): released now, it streams the cache's older
+    // keys while this grid writes Q and the step's K/V, and waits for this
+    // grid before it reads them (attn_split.cuh).
+    pdl_release_dependents();
     const int t = blockIdx.y;
     const int head = blockIdx.x;
     if (t >= rows) return;

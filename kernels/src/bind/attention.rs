@@ -75,12 +75,20 @@ pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
     MAX_SPLITS * p.n_q * p.n_heads * (p.head_dim + 2) * 4
 }
 
-/// Launches a planned attention kernel: the main kernel, and after a
-/// tensor-core decode launch the combine of its splits, as a programmatic
-/// dependent (it is resident while the splits drain and starts reading
-/// their partials when `griddepcontrol.wait` says they are complete).
+/// Launches a planned attention kernel. Prefill: one plain launch. Decode:
+/// the kernel is a programmatic dependent of the launch before it (on
+/// sm_90 it starts while that grid drains, copies the cache's older keys,
+/// and waits for that grid before it reads Q or the step's new keys;
+/// kernels/cuda/attn_split.cuh), and after a tensor-core decode launch the
+/// combine of its splits follows as a programmatic dependent too (resident
+/// while the splits stream; it reads their partials once
+/// `griddepcontrol.wait` says they are complete).
 pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
-    k.launch(gpu, &a.kargs())?;
+    if k.geo.kernel == "attn_decode" {
+        k.launch_dependent(gpu, &a.kargs())?;
+    } else {
+        k.launch(gpu, &a.kargs())?;
+    }
     if k.geo.kernel == "attn_decode" && k.has_sibling("attn_combine") {
         let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
         let c = k.sibling(geo)?;

@@ -533,6 +533,8 @@ pub fn workload(
         args: args.kargs(),
         geo: geo.clone(),
         then,
+        // Decode is launched as the engine launches it (bind::attention::launch).
+        dependent: decode,
         // The caches: K (buffer 1, argument 1) and V (2, 2).
         rotate: vec![(1, 1), (2, 2)],
         copies: Vec::new(),

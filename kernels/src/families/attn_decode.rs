@@ -261,9 +261,13 @@ fn check_smem(t: StreamTile, hd: usize, lim: &DeviceLimits) -> Result<StreamTile
     Ok(t)
 }
 
-/// KV splits of the streaming kernel: SPLITS, or (0) as many CTAs as fit on
-/// the device at once at the planned length (shared memory bounds the CTAs
-/// per SM), each with at least one key tile.
+/// KV splits of the streaming kernel: SPLITS, or (0) about as many CTAs as
+/// fit on the device at once at the planned length (shared memory bounds the
+/// CTAs per SM), each with at least one key tile. The kernel deals the tiles
+/// out in runs of equal length (+-1), so the call lasts as long as its
+/// longest run: of the split counts with the shortest longest run, the
+/// fewest (16384 keys in 32-key tiles on 66 splits per KV head run 7 or 8
+/// tiles; 64 splits run 8 each, with fewer partials to combine).
 pub fn stream_splits(
     d: &Defines,
     t: &StreamTile,
@@ -274,16 +278,29 @@ pub fn stream_splits(
     if s > 0 {
         return Ok(s);
     }
-    let keys = if p.window > 0 {
-        (p.window + p.n_q).min(p.kv_len())
-    } else {
-        p.kv_len()
-    };
-    let tiles = keys.div_ceil(t.bkv) + 1;
+    let tiles = planned_key_tiles(p, t.bkv);
     let per_sm = attention::ctas_per_sm(t.smem_bytes(p.head_dim), t.threads(), lim);
     let ctas = p.n_q.div_ceil(t.bq / p.group()) * p.n_kv_heads;
-    let want = (lim.sm_count as usize * per_sm).div_ceil(ctas.max(1));
-    Ok(want.min(tiles).clamp(1, MAX_SPLITS))
+    let want = (lim.sm_count as usize * per_sm)
+        .div_ceil(ctas.max(1))
+        .clamp(1, MAX_SPLITS);
+    let longest = tiles.div_ceil(want);
+    Ok(tiles.div_ceil(longest).clamp(1, MAX_SPLITS))
+}
+
+/// Key tiles a CTA of the first query rows visits at the planned length, as
+/// attn_split.cuh's decode_split counts them: from the tile of the oldest
+/// key a row sees (the oldest cached one, or the window's) to the tile of
+/// the last query.
+fn planned_key_tiles(p: &crate::family::AttnProblem, bkv: usize) -> usize {
+    let kv_len = p.kv_len().max(1);
+    let cache_lo = kv_len.saturating_sub(p.capacity);
+    let k_lo = if p.window > 0 {
+        cache_lo.max((p.q_pos0 + 1).saturating_sub(p.window))
+    } else {
+        cache_lo
+    };
+    (kv_len - 1) / bkv - k_lo / bkv + 1
 }
 
 /// The launch of the streaming kernel with `z` splits.
@@ -344,8 +361,9 @@ mod tests {
         let t = stream_tile(&d, &p, &lim).expect("fits");
         assert!(t.smem_bytes(512) <= lim.max_smem_per_block as usize);
         let z = stream_splits(&d, &t, &p, &lim).expect("splits");
-        // One CTA per SM (the stages take most of shared memory).
-        assert_eq!(z * p.n_kv_heads, 132);
+        // One CTA per SM (the stages take most of shared memory): 66 splits
+        // per KV head would run 7 or 8 of the 512 tiles, 64 run 8 each.
+        assert_eq!(z, 64);
         // 32 rows at hd 512 would need 128 accumulators per thread.
         let d32 = stream_defines(512, 32, 32, 2, 4, 3);
         assert!(stream_tile(&d32, &p, &lim).is_err());
@@ -361,6 +379,30 @@ mod tests {
         assert!(stream_splits(&dw, &tw, &w, &lim).expect("splits") <= 512 / 32 + 2);
         // The contract is the tensor-core one.
         assert_eq!(AttnDecode.contract(&d), Contract::Approx);
+    }
+
+    #[test]
+    fn splits_are_the_fewest_that_keep_the_longest_run() {
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let d = stream_defines(512, 16, 32, 2, 4, 3);
+        for kv_len in [33, 700, 4096, 10_000, 16_384, 16_385, 40_000] {
+            let p = AttnProblem {
+                q_pos0: kv_len - 1,
+                capacity: kv_len.max(16_384),
+                ..e4b_full_decode()
+            };
+            let t = stream_tile(&d, &p, &lim).expect("fits");
+            let z = stream_splits(&d, &t, &p, &lim).expect("splits");
+            let tiles = (kv_len - 1) / 32 + 1;
+            // At most one CTA per SM, every split holds a tile, and no
+            // split count up to the device's runs shorter, or fewer splits
+            // as short.
+            let want = 132 / p.n_kv_heads;
+            assert!(z >= 1 && z <= want.min(tiles), "{kv_len}: {z}");
+            let longest = |n: usize| tiles.div_ceil(n);
+            assert_eq!(longest(z), longest(want.min(tiles)), "{kv_len}: {z}");
+            assert!(z == 1 || longest(z - 1) > longest(z), "{kv_len}: {z}");
+        }
     }
 
     #[test]
@@ -380,7 +422,7 @@ mod tests {
         assert!(t.key_major);
         assert_eq!(t.threads(), 64);
         assert_eq!(t.smem_bytes(512), 8 * 1040 + 3 * 2 * 32 * 1040);
-        assert_eq!(stream_splits(&d, &t, &p, &lim).expect("splits") * 2, 132);
+        assert_eq!(stream_splits(&d, &t, &p, &lim).expect("splits"), 64);
         assert_eq!(AttnDecode.contract(&d), Contract::Approx);
         // 16 rows need two dim warps (256 accumulators in one).
         assert!(stream_tile(&key_major(16, 32, 2, 1, 3), &p, &lim).is_err());

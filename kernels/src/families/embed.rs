@@ -205,6 +205,7 @@ impl Family for Embed {
             restore: Vec::new(),
             geo: geo.clone(),
             then: Vec::new(),
+            dependent: false,
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (want.clone(), None)),

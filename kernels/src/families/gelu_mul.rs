@@ -131,6 +131,7 @@ impl Family for GeluMul {
             restore: Vec::new(),
             geo: geo.clone(),
             then: Vec::new(),
+            dependent: false,
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), Some(replay.clone()))),

@@ -148,6 +148,7 @@ impl Family for Ple {
             restore: Vec::new(),
             geo: geo.clone(),
             then: Vec::new(),
+            dependent: false,
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (want.clone(), None)),

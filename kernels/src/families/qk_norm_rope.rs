@@ -262,6 +262,7 @@ impl Family for QkNormRope {
             restore: vec![(6, k_pristine), (7, v_pristine)],
             geo: geo.clone(),
             then: Vec::new(),
+            dependent: false,
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),

@@ -213,6 +213,7 @@ impl Family for RmsNorm {
             args,
             geo: geo.clone(),
             then: Vec::new(),
+            dependent: false,
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), Some(replay.clone()))),

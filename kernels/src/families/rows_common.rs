@@ -151,6 +151,11 @@ pub(crate) struct RowsWorkload {
     /// the launch before it (`Gpu::launch_dependent`): its kernel must wait
     /// for that grid (`griddepcontrol.wait`) before reading its output.
     pub then: Vec<(LaunchGeometry, Vec<KArg>)>,
+    /// Whether the main launch is itself a programmatic dependent of the
+    /// launch before it (the decode attention's split kernel, as
+    /// `bind::attention::launch` enqueues it): back to back, a call's
+    /// kernel may then start while the previous call's last launch drains.
+    pub dependent: bool,
     /// Inputs rotated in the DRAM regime, as (buffer, argument) pairs: the
     /// argument points at the buffer in copy 0 and at its `copies` twin in
     /// copy i (the attention caches, which a decode step reads once, like
@@ -213,14 +218,21 @@ impl Workload for RowsWorkload {
         self.copies.len() + 1
     }
     fn launch(&self, gpu: &Gpu, m: &Module, copy: usize) -> Result<(), GpuError> {
+        let main = |args: &[KArg]| {
+            if self.dependent {
+                gpu.launch_dependent(m, &self.geo, args)
+            } else {
+                gpu.launch(m, &self.geo, args)
+            }
+        };
         if copy == 0 || self.rotate.is_empty() {
-            gpu.launch(m, &self.geo, &self.args)?;
+            main(&self.args)?;
         } else {
             let mut args = self.args.clone();
             for (&(_, a), c) in self.rotate.iter().zip(&self.copies[copy - 1]) {
                 args[a] = c.arg();
             }
-            gpu.launch(m, &self.geo, &args)?;
+            main(&args)?;
         }
         for (g, a) in &self.then {
             gpu.launch_dependent(m, g, a)?;

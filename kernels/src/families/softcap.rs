@@ -100,6 +100,7 @@ impl Family for Softcap {
             outputs: vec![(0, OutRead::F32)],
             geo: geo.clone(),
             then: Vec::new(),
+            dependent: false,
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),
