@@ -300,7 +300,7 @@ fn planned_key_tiles(p: &crate::family::AttnProblem, bkv: usize) -> usize {
     } else {
         cache_lo
     };
-    (kv_len - 1) / bkv - k_lo / bkv + 1
+    ((kv_len - 1) / bkv + 1).saturating_sub(k_lo / bkv).max(1)
 }
 
 /// The launch of the streaming kernel with `z` splits.
