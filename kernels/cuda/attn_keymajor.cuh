@@ -234,28 +234,10 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
         l_run[nt][0] = l_run[nt][1] = 0.0f;
     }
 
-    // The prologue's tiles of keys below pos0 go out before the wait for the
-    // grid ahead (attn_split.cuh); then the Q loads, ahead of the remaining
-    // copies so that they do not queue behind them; then those copies.
-    int pre = 0;
-#pragma unroll 1
-    for (; pre < STAGES - 1; ++pre) {
-        if (tile_lo + pre > tile_hi || !tile_before_step(sp, tile_lo + pre)) break;
-        load_tile(tile_lo + pre, pre);
-#if !BULK
-        cp_async_commit();
-#endif
-    }
-    pdl_await_prior();
+    // The first tiles' copies around the wait for the grid ahead, and the
+    // Q loads (attn_split.cuh).
     QRows<NTHREADS> qrows;
-    fetch_q_rows<NTHREADS>(qrows, q, sp, n_heads);
-#pragma unroll 1
-    for (int s = pre; s < STAGES - 1; ++s) {
-        if (tile_lo + s <= tile_hi) load_tile(tile_lo + s, s);
-#if !BULK
-        cp_async_commit();
-#endif
-    }
+    copy_prologue_and_fetch_q<NTHREADS, !BULK>(sp, load_tile, qrows, q, n_heads);
 
     // Q rows, rounded to the operand type; rows past the last token are 0.
     // The loop's first barrier publishes them.

@@ -16,7 +16,7 @@
 // length comes from pos0_dev when it is set, so a graph replay sees the
 // current one.
 //
-// Defines: (none of its own; uses the includer's HEAD_DIM, BQ, BKV)
+// Defines: (none of its own; uses the includer's HEAD_DIM, BQ, BKV, STAGES)
 
 #pragma once
 
@@ -113,6 +113,31 @@ DEVI void store_q_rows(u16* Qs, int stride, const QRows<NTHREADS_>& f) {
         const int i = threadIdx.x + j * NTHREADS_;
         const int r = i / (HEAD_DIM / 2), c2 = i % (HEAD_DIM / 2);
         reinterpret_cast<u32*>(Qs + r * stride)[c2] = op_pack(f.v[j].x, f.v[j].y);
+    }
+}
+
+// The prologue around the wait for the grid ahead (the launch order above):
+// the copies of the first STAGES - 1 tiles that hold only keys below pos0,
+// then pdl_await_prior, the Q loads (fetch_q_rows, ahead of every later
+// copy), then the rest of the STAGES - 1 tiles. `copy(tile, buffer)` issues
+// one tile's copies; with CP_GROUPS each tile is its own cp.async group, as
+// the loops' cp_async_wait<STAGES - 2> counts them.
+template <int NTHREADS_, bool CP_GROUPS, typename Copy>
+DEVI void copy_prologue_and_fetch_q(const DecodeSplit& s, Copy copy, QRows<NTHREADS_>& qrows,
+                                    const float* __restrict__ q, int n_heads) {
+    int pre = 0;
+#pragma unroll 1
+    for (; pre < STAGES - 1; ++pre) {
+        if (s.tile_lo + pre > s.tile_hi || !tile_before_step(s, s.tile_lo + pre)) break;
+        copy(s.tile_lo + pre, pre);
+        if (CP_GROUPS) cp_async_commit();
+    }
+    pdl_await_prior();
+    fetch_q_rows<NTHREADS_>(qrows, q, s, n_heads);
+#pragma unroll 1
+    for (int b = pre; b < STAGES - 1; ++b) {
+        if (s.tile_lo + b <= s.tile_hi) copy(s.tile_lo + b, b);
+        if (CP_GROUPS) cp_async_commit();
     }
 }
 

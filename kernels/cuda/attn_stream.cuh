@@ -131,24 +131,10 @@ attn_decode(const float* __restrict__ q, const u16* __restrict__ kc, const u16* 
         l_run[rg][0] = l_run[rg][1] = 0.0f;
     }
 
-    // The prologue's tiles of keys below pos0 go out before the wait for the
-    // grid ahead (attn_split.cuh); then Q, then the remaining copies.
-    int pre = 0;
-#pragma unroll 1
-    for (; pre < STAGES - 1; ++pre) {
-        if (tile_lo + pre > tile_hi || !tile_before_step(sp, tile_lo + pre)) break;
-        load_tile(tile_lo + pre, pre);
-        cp_async_commit();
-    }
-    pdl_await_prior();
-    // The Q loads go out ahead of the remaining copies (attn_split.cuh).
+    // The first tiles' copies around the wait for the grid ahead, and the
+    // Q loads (attn_split.cuh).
     QRows<NTHREADS> qrows;
-    fetch_q_rows<NTHREADS>(qrows, q, sp, n_heads);
-#pragma unroll 1
-    for (int s = pre; s < STAGES - 1; ++s) {
-        if (tile_lo + s <= tile_hi) load_tile(tile_lo + s, s);
-        cp_async_commit();
-    }
+    copy_prologue_and_fetch_q<NTHREADS, true>(sp, load_tile, qrows, q, n_heads);
 
     // Q rows, rounded to the operand type; rows past the last token are 0.
     store_q_rows<NTHREADS>(Qs, QSTRIDE, qrows);

@@ -84,12 +84,13 @@ pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
 /// while the splits stream; it reads their partials once
 /// `griddepcontrol.wait` says they are complete).
 pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
-    if k.geo.kernel == "attn_decode" {
+    let decode = k.geo.kernel == "attn_decode";
+    if decode {
         k.launch_dependent(gpu, &a.kargs())?;
     } else {
         k.launch(gpu, &a.kargs())?;
     }
-    if k.geo.kernel == "attn_decode" && k.has_sibling("attn_combine") {
+    if decode && k.has_sibling("attn_combine") {
         let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
         let c = k.sibling(geo)?;
         c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
