@@ -102,6 +102,26 @@ fn every_profile_compiles_for_every_arch_on_every_model_shape() {
     }
 }
 
+/// Every launch of the synthetic Q8_0 `v` at `rows` rows under `planner`
+/// (cache up to 8192 positions, prefill chunks of `ubatch`).
+fn q8_0_calls(
+    planner: &Planner,
+    v: SynthVariant,
+    rows: usize,
+    ubatch: usize,
+) -> Vec<gemtune_engine::cuda::calls::SlotCall> {
+    let cfg = synth::preset(v);
+    let wt = WeightType::Q8_0;
+    let dims = ModelDims::from_config(
+        &cfg,
+        wt.matrix_type(),
+        wt.embedding_type(cfg.d_model as u64),
+        planner,
+    );
+    let max_seq = 8192.min(cfg.context_length);
+    slot_calls(planner, &cfg, &dims, rows, max_seq, ubatch, KvType::F16).expect("calls")
+}
+
 /// `decode-km`'s full-layer decode slot resolves through its fallback
 /// chain: the 8-row key-major tile where the GQA group fits (E4B), the
 /// 16-row one for 12B's 16-head group on sm_90, and on sm_89 (no bulk
@@ -112,16 +132,7 @@ fn decode_km_picks_its_full_layer_kernel_by_gqa_group_and_device() {
     let profile = Profile::load("decode-km").expect("profile");
     let served = |v: SynthVariant, arch: u32| -> (i64, i64) {
         let planner = Planner::new(profile.clone(), None, DeviceLimits::for_arch(Arch(arch)));
-        let cfg = synth::preset(v);
-        let wt = WeightType::Q8_0;
-        let dims = ModelDims::from_config(
-            &cfg,
-            wt.matrix_type(),
-            wt.embedding_type(cfg.d_model as u64),
-            &planner,
-        );
-        let max_seq = 8192.min(cfg.context_length);
-        let calls = slot_calls(&planner, &cfg, &dims, 1, max_seq, 512, KvType::F16).expect("calls");
+        let calls = q8_0_calls(&planner, v, 1, 512);
         let c = calls
             .iter()
             .find(|c| c.slot == "attn_decode.full")
@@ -136,4 +147,47 @@ fn decode_km_picks_its_full_layer_kernel_by_gqa_group_and_device() {
     assert_eq!(served(SynthVariant::E4b, 90), (3, 8));
     assert_eq!(served(SynthVariant::B12, 90), (3, 16));
     assert_eq!(served(SynthVariant::B12, 89), (1, 16));
+}
+
+/// The prefill attention's I/O follows the variant the slot resolves to:
+/// on sm_90 the wgmma kernel writes O in the output projection's format
+/// (main's GEMM reads DQ_F16) and, under `flash-swa`, reads 16-bit Q, which
+/// `qk_norm_rope` is bound to write; below sm_90 the `mma.sync` fallback
+/// reads and writes f32, and so does decode everywhere.
+#[test]
+fn attention_io_follows_the_resolved_variant() {
+    use gemtune_kernels::bind::ActFormat;
+    use gemtune_kernels::defines::DefineValue;
+    let io = |profile: &str, arch: u32, rows: usize| {
+        let planner = Planner::new(
+            Profile::load(profile).expect("profile"),
+            None,
+            DeviceLimits::for_arch(Arch(arch)),
+        );
+        let calls = q8_0_calls(&planner, SynthVariant::E4b, rows, DEFAULT_UBATCH);
+        let bound = |slot: &str, key: &str| {
+            let c = calls
+                .iter()
+                .find(|c| c.slot == slot)
+                .unwrap_or_else(|| panic!("{profile} sm_{arch}: no {slot} call"));
+            c.bound
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("{slot}: {key} not bound"))
+        };
+        let attn = if rows > 8 {
+            "attn_prefill.swa"
+        } else {
+            "attn_decode.swa"
+        };
+        (bound(attn, "OUT"), bound("qk_norm_rope", "Q16"))
+    };
+    let dq = DefineValue::Str(ActFormat::DqF16.define().into());
+    let f32 = DefineValue::Str(ActFormat::F32.define().into());
+    let (yes, no) = (DefineValue::Int(1), DefineValue::Int(0));
+    assert_eq!(io("main", 90, 2048), (dq.clone(), no.clone()));
+    assert_eq!(io("flash-swa", 90, 2048), (dq, yes));
+    assert_eq!(io("flash-swa", 89, 2048), (f32.clone(), no.clone()));
+    assert_eq!(io("flash-swa", 90, 1), (f32, no));
 }

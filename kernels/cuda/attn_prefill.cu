@@ -10,7 +10,9 @@
 //           rounded to the cache type, f32 accumulation and softmax).
 // ALGO = 2: the same tile loop on Hopper's wgmma (attn_wgmma.cuh, sm_90a):
 //           scores and probabilities stay in registers; same contract.
-// Layouts (docs/calling-convention.md): q, out f32 [n_q][n_heads][HEAD_DIM];
+// Layouts (docs/calling-convention.md): q [n_q][n_heads][HEAD_DIM], f32
+// (or, ALGO 2 with Q16 = 1, the cache type); out [n_q][n_heads][HEAD_DIM],
+// f32 (or, ALGO 2, the output projection's DQ_F16 / DQ_BF16 format);
 // K, V [capacity][n_kv_heads][HEAD_DIM] of KV_TYPE, position p at slot
 // p % capacity. pos0 is the scalar argument (pos0_dev = NULL).
 // Grid: ALGO 0: ceil(n_q n_heads / SCALAR_WARPS); ALGO 1 and 2: (ceil(n_q /
@@ -28,9 +30,13 @@
 //   STAGES        K/V tile buffers: 1 | 2
 //   CP_ASYNC      0 | 1: stage K/V with cp.async (ALGO 2: 1)
 //   WINDOWED      0 | 1: skip the KV tiles outside the window
-//   PERSIST       0 | 1: (ALGO 2, STAGES 2) one CTA per SM runs the work items in
-//                 turn, fetching the next item's Q during the current band;
-//                 grid (min(items, SMs), 1) with items = ceil(n_q / (BQ / G)) n_kv_heads
+//   PERSIST       0 | 1 | 2: (ALGO 2, STAGES 2) one CTA per SM runs the work items
+//                 in turn, fetching the next item's Q during the current band
+//                 (1: f32 Q into a second Q tile; 2: Q16 Q over the one tile once
+//                 the band's last S has read it); grid (min(items, SMs), 1) with
+//                 items = ceil(n_q / (BQ / G)) n_kv_heads
+//   Q16           0 | 1: (ALGO 2) q is stored in the cache type, not f32
+//   OUT           F32 | DQ_F16 | DQ_BF16: (DQ: ALGO 2) the format of out
 //   COUNT_TILES   0 | 1: count visited tiles into *scratch (debug)
 
 #ifndef ALGO
@@ -69,9 +75,25 @@
 #ifndef PERSIST
 #error "attn_prefill.cu needs PERSIST"
 #endif
+#ifndef Q16
+#error "attn_prefill.cu needs Q16"
+#endif
+#ifndef OUT
+#error "attn_prefill.cu needs OUT"
+#endif
 
 #include "common.cuh"
 #include "attn_operand.cuh"
+
+// OUT's values besides F32 (attn_operand.cuh's 3).
+#define DQ_F16 11
+#define DQ_BF16 12
+#if OUT != F32 && OUT != DQ_F16 && OUT != DQ_BF16
+#error "OUT must be F32, DQ_F16 or DQ_BF16"
+#endif
+#if ALGO != 2 && (Q16 || OUT != F32)
+#error "Q16 = 1 and the DQ outputs are the wgmma kernel's (ALGO 2)"
+#endif
 
 #if ALGO == 0
 #define ATTN_SCALAR_ENTRY attn_prefill

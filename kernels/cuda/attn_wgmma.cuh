@@ -38,22 +38,41 @@
 // PV, and copies K_{j+1} and V_j meanwhile (one CTA barrier per step).
 // Query tiles are launched last first (blockIdx.x counts down the
 // sequence): under a causal bound the last tiles see the most keys.
-// PERSIST = 1 (STAGES = 2): a grid of about one CTA per SM runs the work
-// items (query tile, KV head) in turn, heaviest first, and hides what a
-// CTA pays once per item behind the previous item's band: while it runs,
-// the next item's Q is fetched (one chunk per KV tile, by cp.async into a
-// small staging ring, rounded into a second Q tile one step later) and its
-// first K tile is copied into the K buffer the band frees last. A windowed band is only a few KV tiles long, so without this the
-// Q read and the pipeline's fill and drain are a large share of its time.
+// PERSIST = 1 or 2 (STAGES = 2): a grid of about one CTA per SM runs the
+// work items (query tile, KV head) in turn, heaviest first, and hides what
+// a CTA pays once per item behind the previous item's band. A windowed
+// band is only a few KV tiles long, so without this the Q read and the
+// pipeline's fill and drain are a large share of its time. In both, the
+// next item's first K tile is copied during the band's last step into the
+// K buffer that step frees. The next item's Q:
+//   PERSIST = 1 (f32 Q): fetched during the band, one chunk per KV tile,
+//     by cp.async into a small staging ring, and rounded into a second Q
+//     tile one step later (the second tile leaves room for 32-key tiles
+//     only);
+//   PERSIST = 2 (Q16 = 1): one Q tile. Once every warpgroup has retired
+//     the band's last S (the barrier before its last PV), Q is dead, and
+//     the next item's Q is copied over it by cp.async while the last PV,
+//     the O stores and the next band's first copies run. Q already in the
+//     operand type needs no register pass, so the copy is fire-and-forget
+//     and 64-key tiles keep their room.
+// Q16 = 1: q holds Q already rounded to the operand type (the cache type),
+// copied into the swizzled tile by cp.async; Q16 = 0: f32, rounded on the
+// way in through registers.
+// OUT: F32 writes O as f32 rows; DQ_F16 / DQ_BF16 write it in the
+// activation format of the output projection's GEMM (16-bit values, the k
+// order permuted inside every group of 16 as dq_convert.cuh lays it out:
+// actual pair q stored at pair (q >> 1) + 4 (q & 1)), the f32 row rounded
+// once, as the separate conversion pass would.
 // Contract approx, like ALGO = 1: Q, K, V and P rounded to the cache type,
 // f32 scores, softmax and accumulation.
 //
-// Dynamic shared memory: 1024 (alignment slack) + (1 + PERSIST) BQ HD 2
-// (Q) + STAGES 4 BKV HD (K and V) + (WD = 2) 2 NTHREADS BKV (the score
-// exchange) + PERSIST 64 NTHREADS (the next item's Q chunks in flight).
+// Dynamic shared memory: 1024 (alignment slack) + (1 + (PERSIST = 1)) BQ
+// HD 2 (Q) + STAGES 4 BKV HD (K and V) + (WD = 2) 2 NTHREADS BKV (the score
+// exchange) + (PERSIST = 1) 64 NTHREADS (the next item's Q chunks in
+// flight).
 //
 // Defines: (none of its own; uses the includer's HEAD_DIM, BQ, BKV, WD,
-// STAGES, WINDOWED, PERSIST, COUNT_TILES, KV_TYPE)
+// STAGES, WINDOWED, PERSIST, Q16, OUT, COUNT_TILES, KV_TYPE)
 
 #pragma once
 
@@ -79,9 +98,9 @@
 #define Q_BYTES (BQ * HD * 2)
 #define KV_BYTES (BKV * HD * 2)
 #define X_BYTES (WD == 2 ? NTHREADS * SACC * 4 : 0)
-#define Q_TILES (PERSIST ? 2 : 1)
-// PERSIST: the next item's Q chunks in flight, 32 bytes per thread, two deep.
-#define QSTAGE_BYTES (PERSIST ? 2 * NTHREADS * 32 : 0)
+#define Q_TILES (PERSIST == 1 ? 2 : 1)
+// PERSIST = 1: the next item's Q chunks in flight, 32 bytes per thread, two deep.
+#define QSTAGE_BYTES (PERSIST == 1 ? 2 * NTHREADS * 32 : 0)
 #define ATTN_SMEM_BYTES (1024 + Q_TILES * Q_BYTES + STAGES * 2 * KV_BYTES + X_BYTES + QSTAGE_BYTES)
 
 #if BQ != 64 && BQ != 128
@@ -98,6 +117,21 @@
 #endif
 #if PERSIST && STAGES != 2
 #error "PERSIST needs STAGES = 2"
+#endif
+#if PERSIST == 1 && Q16
+#error "PERSIST = 1 stages f32 Q; Q16 = 1 runs PERSIST = 0 or 2"
+#endif
+#if PERSIST == 2 && !Q16
+#error "PERSIST = 2 copies the next Q as it is stored (Q16 = 1)"
+#endif
+#if PERSIST == 2 && OUT != F32 && STAGES * KV_BYTES < Q_BYTES
+#error "PERSIST = 2 stages a DQ O tile in the V buffers: they must hold Q_BYTES"
+#endif
+
+#if Q16
+typedef u16 q_elem;
+#else
+typedef float q_elem;
 #endif
 
 // 2^x on the SFU (flush to zero; 2^-inf = +0).
@@ -266,7 +300,7 @@ template <int N> DEVI void fence_frags(u32 (&r)[N][4]) {
 // work item being run (its query tile and KV head).
 struct AttnCta {
     u32 s_q, s_k, s_v;      // shared: the item's Q, K buffers, V buffers
-    u32 s_qs;               // PERSIST: this thread's two 32-byte Q staging slots
+    u32 s_qs;               // PERSIST = 1: this thread's two 32-byte Q staging slots
     float* xs;              // score exchange (WD = 2)
     int tid, lane, wr, wdd, r0;
     int G, tok_per, n_q, n_heads, n_kv_heads, capacity, kv_len, cache_lo, window, pos0;
@@ -275,7 +309,7 @@ struct AttnCta {
     int t0, kvh, rows, p_lo, p_hi;
     int qp0, qp1;
     bool live0, live1;
-    const float* q;
+    const q_elem* q;
     const u16* kc;
     const u16* vc;
     // Copy assignment: one 16-byte chunk column and rows kr0 + it LSTEP,
@@ -493,9 +527,31 @@ DEVI void enter_item(AttnCta& c, const Item& it) {
 }
 
 // Q of an item: rows kr0 + u LSTEP of this thread's chunk column for u <
-// QITERS, f32 from global memory, rounded to the operand type into the
-// swizzled Q tile at `qt`; rows past the item's last token are 0.
+// QITERS into the swizzled Q tile; rows past the item's last token are 0.
 #define QITERS (BQ * LCHUNKS / NTHREADS)
+
+// Row r of an item's Q tile: token t0 + r / G, head kvh G + r % G.
+DEVI const q_elem* q_row(const AttnCta& c, const Item& it, int r) {
+    const int t = it.t0 + r / c.G, h = it.kvh * c.G + r % c.G;
+    return c.q + ((u64)t * c.n_heads + h) * HD;
+}
+DEVI u32 q_chunk_offset(const AttnCta& c, int r) {
+    return (u32)(c.ch / 8) * BQ * 128 + (u32)r * 128 + ((u32)((c.ch % 8) ^ (r & 7)) << 4);
+}
+
+#if Q16
+// Q16: the copies of an item's Q (already in the operand type) into the
+// tile at shared address `qt`, issued, not committed.
+DEVI void copy_q16(const AttnCta& c, const Item& it, u32 qt) {
+#pragma unroll
+    for (int u = 0; u < QITERS; ++u) {
+        const int r = c.kr0 + u * LSTEP;
+        const bool live = r < it.rows;
+        cp_async16(qt + q_chunk_offset(c, r), live ? q_row(c, it, r) + c.ch * 8 : c.q, live ? 16 : 0);
+    }
+}
+#else
+// f32 Q: loaded into registers, rounded to the operand type and stored.
 #define QBATCH (QITERS < 16 ? QITERS : 16)
 // The chunks a short band did not fetch, loaded between two items.
 #define QBATCH_TAIL (QITERS < 4 ? QITERS : 4)
@@ -504,8 +560,7 @@ DEVI void fetch_q(const AttnCta& c, const Item& it, int u, float4& a, float4& b)
     const int r = c.kr0 + u * LSTEP;
     a = b = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < it.rows) {
-        const int t = it.t0 + r / c.G, h = it.kvh * c.G + r % c.G;
-        const float4* src = reinterpret_cast<const float4*>(c.q + ((u64)t * c.n_heads + h) * HD + c.ch * 8);
+        const float4* src = reinterpret_cast<const float4*>(q_row(c, it, r) + c.ch * 8);
         a = src[0];
         b = src[1];
     }
@@ -514,7 +569,7 @@ DEVI void fetch_q(const AttnCta& c, const Item& it, int u, float4& a, float4& b)
 DEVI void store_q(const AttnCta& c, u8* qt, int u, const float4& a, const float4& b) {
     const int r = c.kr0 + u * LSTEP;
     const uint4 w = make_uint4(op_pack(a.x, a.y), op_pack(a.z, a.w), op_pack(b.x, b.y), op_pack(b.z, b.w));
-    *reinterpret_cast<uint4*>(qt + (c.ch / 8) * BQ * 128 + r * 128 + (((c.ch % 8) ^ (r & 7)) << 4)) = w;
+    *reinterpret_cast<uint4*>(qt + q_chunk_offset(c, r)) = w;
 }
 
 // Chunks from .. QITERS - 1 of an item's Q, NB loads in flight at once.
@@ -530,6 +585,7 @@ template <int NB> DEVI void load_q(const AttnCta& c, const Item& it, u8* qt, int
             if (g + u >= from) store_q(c, qt, g + u, qa[u], qb[u]);
     }
 }
+#endif
 
 #if STAGES == 2
 // The KV tiles lo .. hi of the entered item, its Q at c.s_q and the copies
@@ -541,11 +597,13 @@ template <int NB> DEVI void load_q(const AttnCta& c, const Item& it, u8* qt, int
 // over K_{j-1} and V_{j-2}.
 // With PERSIST and a next item `nx` (has_next): the last step copies the
 // next item's first K tile into the K buffer it frees (the return value
-// says which), and step s copies chunk s of the next item's Q (f32) into
-// staging slot s % 2 along with its K/V copies; step s + 1, once they have
-// landed, rounds it into the next Q tile `qn`. No load waits inside a step.
-// The caller loads the chunks a band shorter than QITERS steps did not
-// reach.
+// says which). PERSIST = 1: step s copies chunk s of the next item's Q
+// (f32) into staging slot s % 2 along with its K/V copies; step s + 1, once
+// they have landed, rounds it into the next Q tile `qn`. No load waits
+// inside a step. The caller loads the chunks a band shorter than QITERS
+// steps did not reach. PERSIST = 2: the barrier before the last PV (every
+// warpgroup past its last S) is where the next item's Q copies are issued
+// over the current Q tile; the next band's first wait covers them.
 DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l_r)[2], int lo, int hi, int kpar,
                   bool has_next, const Item& nx, u8* qn, unsigned int* tile_count) {
     float s[SACC], alpha[2];
@@ -553,13 +611,12 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
     for (int i = 0; i < SACC; ++i) s[i] = 0.0f;
     u32 pa[BKV / 16][4];
     auto k_buf = [&](int j) { return c.s_k + (u32)((kpar + j - lo) & 1) * KV_BYTES; };
-#if PERSIST
+#if PERSIST == 1
     // Chunk u of the next Q: issued into its slot / rounded out of it.
     auto stage_q = [&](int u) {
         if (has_next && u < QITERS) {
             const int r = c.kr0 + u * LSTEP;
-            const int t = nx.t0 + r / c.G, h = nx.kvh * c.G + r % c.G;
-            const float* src = c.q + ((u64)t * c.n_heads + h) * HD + c.ch * 8;
+            const float* src = q_row(c, nx, r) + c.ch * 8;
             const bool live = r < nx.rows;
             const u32 slot = c.s_qs + (u32)(u & 1) * 32;
             cp_async16(slot, live ? src : c.q, live ? 16 : 0);
@@ -595,12 +652,20 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
 #endif
         if (j + 1 <= hi) {
             load_rows(c, c.kvh, c.kc, k_buf(j + 1), j + 1);
-        } else if (has_next) {
-            load_rows(c, nx.kvh, c.kc, k_buf(j + 1), nx.lo);
+            load_rows(c, c.kvh, c.vc, c.s_v + ((j - lo) & 1) * KV_BYTES, j);
+            stage_q(j - lo);
+            cp_async_commit();
+        } else {
+            // The last step: V_hi (and a Q chunk) in one group, which the
+            // last PV waits for; the next item's first K tile in a second
+            // (possibly empty) one, which only the next band's first step
+            // waits for: it may come from DRAM.
+            load_rows(c, c.kvh, c.vc, c.s_v + ((j - lo) & 1) * KV_BYTES, j);
+            stage_q(j - lo);
+            cp_async_commit();
+            if (has_next) load_rows(c, nx.kvh, c.kc, k_buf(j + 1), nx.lo);
+            cp_async_commit();
         }
-        load_rows(c, c.kvh, c.vc, c.s_v + ((j - lo) & 1) * KV_BYTES, j);
-        stage_q(j - lo);
-        cp_async_commit();
     };
     // Tile lo: its scores and P; no O yet.
     sync_and_load(lo);
@@ -625,11 +690,18 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
         rescale(o, alpha);
     }
     // The last tile's PV: its V was copied at the top of its step.
-    cp_async_wait<0>();
+    cp_async_wait<1>();
     unstage_q(hi - lo);
     fence_async_smem();
     __syncthreads();
     issue_pv(c, o, pa, c.s_v + ((hi - lo) & 1) * KV_BYTES);
+#if PERSIST == 2
+    // Issued behind the PV, which the tensor cores run meanwhile.
+    if (has_next) {
+        copy_q16(c, nx, c.s_q);
+        cp_async_commit();
+    }
+#endif
     wg_wait<0>();
     fence_regs(o);
     fence_frags(pa);
@@ -637,23 +709,79 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
 }
 #endif
 
-// Output: each row's O over the quad's summed l.
-DEVI void store_out(const AttnCta& c, const float (&o)[OACC], const float (&l_r)[2], float* __restrict__ out) {
+// Output: each row's O over the quad's summed l, in the OUT format.
+// F32: straight from the accumulator registers (each warp store covers
+// 32 bytes of 8 rows). DQ_F16 / DQ_BF16: through shared memory, so that
+// global stores are whole rows: the CTA's O tile (BQ rows of HD 16-bit
+// values in the DQ order, 16-byte chunk c of row r at chunk c ^ (r % 8))
+// is written at `stage` (Q_BYTES, free once every warpgroup is past its
+// last MMA), then read back a row per warp and stored 16 bytes a thread:
+// a warp's store is one whole row instead of 4 bytes in each of 8 rows.
+#define O_CHUNKS (HD / 8)
+DEVI void store_out(const AttnCta& c, const float (&o)[OACC], const float (&l_r)[2], void* __restrict__ out,
+                    u32 stage) {
+#if OUT != F32
+    // Every warpgroup's last PV has retired before the tile is reused.
+    __syncthreads();
+#else
+    (void)stage;
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float l = l_r[h];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int r = c.r0 + 8 * h;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#if OUT == F32
         if (r >= c.rows) continue;
         const int t = c.t0 + r / c.G, head = c.kvh * c.G + r % c.G;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* dst = out + ((u64)t * c.n_heads + head) * HD + c.wdd * DS + (c.lane & 3) * 2;
+        float* dst = reinterpret_cast<float*>(out) + ((u64)t * c.n_heads + head) * HD + c.wdd * DS + (c.lane & 3) * 2;
 #pragma unroll
         for (int jj = 0; jj < DS / 8; ++jj)
             *reinterpret_cast<float2*>(dst + jj * 8) =
                 make_float2(o[jj * 4 + 2 * h] * inv, o[jj * 4 + 2 * h + 1] * inv);
+#else
+        // In each group of 16 columns (8-column blocks jj = 2 g, 2 g + 1)
+        // this thread holds pairs q = lane % 4 and 4 + lane % 4, stored at
+        // words sp and sp + 2 (pair q at (q >> 1) + 4 (q & 1)). Lanes two
+        // apart in the quad swap one word each, so that every lane holds
+        // two adjacent words: lanes 0, 1 words sp, sp + 1; lanes 2, 3 words
+        // sp + 1, sp + 2 (one 8-byte store instead of two 4-byte ones).
+        const int q0 = c.lane & 3;
+        const int sp = (q0 >> 1) + 4 * (q0 & 1);
+        const bool upper = (q0 & 2) != 0;
+        const u32 row = stage + (u32)r * (HD * 2);
+#pragma unroll
+        for (int g = 0; g < DS / 16; ++g) {
+            const float* a = &o[(2 * g) * 4 + 2 * h];
+            const float* b = &o[(2 * g + 1) * 4 + 2 * h];
+#if OUT == DQ_F16
+            const u32 ev = pack_f16x2(a[0] * inv, a[1] * inv), od = pack_f16x2(b[0] * inv, b[1] * inv);
+#else
+            const u32 ev = pack_bf16x2(a[0] * inv, a[1] * inv), od = pack_bf16x2(b[0] * inv, b[1] * inv);
+#endif
+            const u32 got = __shfl_xor_sync(0xffffffffu, upper ? ev : od, 2);
+            const u32 w0 = upper ? got : ev, w1 = upper ? od : got;
+            const int w = c.wdd * DS / 2 + g * 8 + sp + (q0 >> 1);
+            const u32 addr = row + (u32)(((w >> 2) ^ (r & 7)) << 4) + (u32)(w & 3) * 4;
+            asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(w0), "r"(w1) : "memory");
+        }
+#endif
     }
+#if OUT != F32
+    __syncthreads();
+#pragma unroll 4
+    for (int i = c.tid; i < c.rows * O_CHUNKS; i += NTHREADS) {
+        const int r = i / O_CHUNKS, ch = i % O_CHUNKS;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(stage + (u32)r * (HD * 2) + (u32)((ch ^ (r & 7)) << 4)));
+        const int t = c.t0 + r / c.G, head = c.kvh * c.G + r % c.G;
+        reinterpret_cast<uint4*>(out)[((u64)t * c.n_heads + head) * O_CHUNKS + ch] = v;
+    }
+#endif
 }
 
 DEVI void clear_acc(float (&o)[OACC], float (&m_r)[2], float (&l_r)[2]) {
@@ -677,8 +805,8 @@ DEVI Item item_at(const AttnCta& c, int i) {
 #endif
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
-           float* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads, int n_kv_heads,
+ATTN_ENTRY(const q_elem* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+           void* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads, int n_kv_heads,
            int window, const int* __restrict__ pos0_dev, float* __restrict__ scratch) {
     extern __shared__ __align__(1024) u8 smem_raw[];
     // Swizzled tiles need 1024-byte alignment; the launch adds 1024 bytes of slack.
@@ -729,8 +857,13 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     const int P = gridDim.x, n_items = ((n_q + c.tok_per - 1) / c.tok_per) * n_kv_heads;
     Item it = item_at(c, blockIdx.x);
     load_rows(c, it.kvh, kc, c.s_k, it.lo);
+#if Q16
+    copy_q16(c, it, c.s_q);
+    cp_async_commit();
+#else
     cp_async_commit();
     load_q<QBATCH>(c, it, smem, 0);
+#endif
     int kpar = 0, qcur = 0;
     for (int k = 1;; ++k) {
         enter_item(c, it);
@@ -741,11 +874,18 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         u8* qn = smem + (qcur ^ 1) * Q_BYTES;
         clear_acc(o, m_r, l_r);
         kpar = run_band(c, o, m_r, l_r, it.lo, it.hi, kpar, has_next, nx, qn, tile_count);
-        store_out(c, o, l_r, out);
+        // The O tile's staging: PERSIST = 1, the Q tile just run (the next
+        // item's is the other); PERSIST = 2, the two V buffers (the Q tile
+        // is taking the next item's Q, a K buffer its first K tile).
+        store_out(c, o, l_r, out, PERSIST == 1 ? c.s_q : c.s_v);
         if (!has_next) break;
+#if PERSIST == 1
         load_q<QBATCH_TAIL>(c, nx, qn, min(it.hi - it.lo + 1, QITERS));
-        it = nx;
         qcur ^= 1;
+#else
+        (void)qn;
+#endif
+        it = nx;
     }
 #else
     // The last query tiles see the most keys: they are launched first.
@@ -755,8 +895,13 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
 #if STAGES == 1
     load_rows(c, c.kvh, vc, c.s_v, it.lo);
 #endif
+#if Q16
+    copy_q16(c, it, c.s_q);
+    cp_async_commit();
+#else
     cp_async_commit();
     load_q<QBATCH>(c, it, smem, 0);
+#endif
     clear_acc(o, m_r, l_r);
 #if STAGES == 1
     // One K/V buffer: copy, wait, then scores, softmax and PV in turn.
@@ -793,6 +938,6 @@ ATTN_ENTRY(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
 #else
     run_band(c, o, m_r, l_r, it.lo, it.hi, 0, false, it, smem, tile_count);
 #endif
-    store_out(c, o, l_r, out);
+    store_out(c, o, l_r, out, c.s_q);
 #endif
 }

@@ -14,14 +14,21 @@
 // Grid: (n_heads + n_kv_heads, T); block: hd/2 threads, thread i owns the
 // pair (i, i + hd/2) of its head. Inputs have row strides (elements), so Q,
 // K and V can be read out of one fused projection output.
-// Contract: fp against the f64 oracle (f32 norm reduction; K/V rounded to
-// KV_TYPE, compared after the same rounding).
+// q_out is f32, or with Q16 = 1 the cache type (f16 / bf16: the operand
+// type of the tensor-core attention, which rounds f32 Q to it anyway; the
+// wgmma prefill kernel with Q16 = 1 copies it as stored).
+// Contract: fp against the f64 oracle (f32 norm reduction; K/V, and Q with
+// Q16 = 1, rounded to KV_TYPE, compared after the same rounding).
 //
 // Defines:
 //   KV_TYPE  F16 | BF16 | F32: the cache element type
+//   Q16      0 | 1: q_out in KV_TYPE (F16 or BF16 only) instead of f32
 
 #ifndef KV_TYPE
 #error "qk_norm_rope.cu needs KV_TYPE"
+#endif
+#ifndef Q16
+#error "qk_norm_rope.cu needs Q16"
 #endif
 
 #include "common.cuh"
@@ -31,6 +38,9 @@
 #define F32 3
 #if KV_TYPE != F16 && KV_TYPE != BF16 && KV_TYPE != F32
 #error "KV_TYPE must be F16, BF16 or F32"
+#endif
+#if Q16 && KV_TYPE == F32
+#error "Q16 = 1 writes Q in a 16-bit cache type"
 #endif
 
 DEVI void kv_store(void* cache, u64 i, float v) {
@@ -63,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(512)
 qk_norm_rope(const float* __restrict__ q_in, int q_stride, const float* __restrict__ k_in, int k_stride,
              const float* __restrict__ v_in, int v_stride, const float* __restrict__ q_norm,
              const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
-             const int* __restrict__ pos0, float* __restrict__ q_out, void* __restrict__ k_cache,
+             const int* __restrict__ pos0, void* __restrict__ q_out, void* __restrict__ k_cache,
              void* __restrict__ v_cache, int capacity, int rows, int n_heads, int n_kv_heads, float eps) {
     __shared__ float red[16];
     // The decode attention that follows is a programmatic dependent
@@ -90,9 +100,14 @@ qk_norm_rope(const float* __restrict__ q_in, int q_stride, const float* __restri
     const float n0 = x0 * rq * w[i], n1 = x1 * rq * w[i + half];
     const float o0 = n0 * c - n1 * s, o1 = n0 * s + n1 * c;
     if (is_q) {
-        float* dst = q_out + ((u64)t * n_heads + head) * hd;
-        dst[i] = o0;
-        dst[i + half] = o1;
+        const u64 at = ((u64)t * n_heads + head) * hd;
+#if Q16
+        kv_store(q_out, at + i, o0);
+        kv_store(q_out, at + i + half, o1);
+#else
+        reinterpret_cast<float*>(q_out)[at + i] = o0;
+        reinterpret_cast<float*>(q_out)[at + i + half] = o1;
+#endif
         return;
     }
     const int g = head - n_heads;

@@ -211,6 +211,50 @@ pub fn out_bound(out: ActFormat) -> Vec<(&'static str, DefineValue)> {
     vec![("OUT", DefineValue::Str(out.define().into()))]
 }
 
+/// The bound defines of a `qk_norm_rope` launch: Q in the cache type for
+/// an attention kernel that reads it so (`AttnIo::q16`).
+pub fn q16_bound(q16: bool) -> Vec<(&'static str, DefineValue)> {
+    vec![("Q16", DefineValue::Int(q16 as i64))]
+}
+
+/// How one attention call's Q and O travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnIo {
+    /// The planned attention variant reads Q in the cache type (Q16 = 1),
+    /// so `qk_norm_rope` writes it so.
+    pub q16: bool,
+    /// The format the attention writes O in: the output projection's
+    /// activation format when the variant can write it (the wgmma prefill
+    /// loop writes DQ_F16 / DQ_BF16), so no conversion pass runs between
+    /// them; otherwise f32.
+    pub out: ActFormat,
+}
+
+/// The attention slot's I/O at `p`, given the format `o_fmt` the output
+/// projection reads: from the variant the slot resolves to (its fallback
+/// included), bound to `o_fmt` only where that variant validates with it.
+pub fn attn_io(
+    planner: &Planner,
+    slot: &str,
+    p: &Problem,
+    o_fmt: ActFormat,
+) -> Result<AttnIo, PlanError> {
+    let (fam, d, _) = planner.resolve(slot, p, &[])?;
+    let q16 = d.get("Q16") == Some(&DefineValue::Int(1));
+    let writes = |f: ActFormat| {
+        let mut d2 = d.clone();
+        d2.insert("OUT".into(), DefineValue::Str(f.define().into()));
+        fam.declared_defines().iter().any(|x| x == "OUT")
+            && fam.validate(&d2, p, &planner.limits).is_ok()
+    };
+    let out = if o_fmt != ActFormat::F32 && writes(o_fmt) {
+        o_fmt
+    } else {
+        ActFormat::F32
+    };
+    Ok(AttnIo { q16, out })
+}
+
 /// The activation format the slot serving projection `kind` at `m` rows
 /// reads (f32 for the vendor arm, which converts its operand itself).
 pub fn consumer_format(
@@ -301,11 +345,12 @@ pub fn slot_calls(
     let p = cfg.ple_dim;
     for (l, lc) in cfg.layers.iter().enumerate() {
         let ld = &dims.layers[l];
-        let attn = attn_problem(cfg, lc, r, max_seq, ubatch, kv_type);
-        c.push(attn_slot(lc, r), Problem::Attention(attn), vec![]);
-        c.push("qk_norm_rope", Problem::Attention(attn), vec![]);
+        let attn = Problem::Attention(attn_problem(cfg, lc, r, max_seq, ubatch, kv_type));
         let f_qkv = c.matmul("qkv", ld.qkv, r)?;
-        c.matmul("o", ld.o, r)?;
+        let f_o = c.matmul("o", ld.o, r)?;
+        let io = attn_io(planner, attn_slot(lc, r), &attn, f_o)?;
+        c.push(attn_slot(lc, r), attn, out_bound(io.out));
+        c.push("qk_norm_rope", attn, q16_bound(io.q16));
         let f_gu = c.matmul("gate_up", ld.gate_up, r)?;
         let f_down = c.matmul("down", ld.down, r)?;
         c.push(

@@ -343,9 +343,18 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
     let qkv_buf = &e.b.qkv;
     e.matmul("qkv", "gemm_qkv", &lw.qkv, &x_in, qkv_buf, r)?;
 
-    // Q/K norms, RoPE, K/V into the cache.
+    // Q/K norms, RoPE, K/V into the cache; Q and O in the formats the
+    // planned attention kernel reads and writes (calls::attn_io).
     let attn = e.attn_problem(l, r);
-    let pl = e.plan_rows_kernel("qk_norm_rope", &Problem::Attention(attn), &[])?;
+    let slot = calls::attn_slot(&cfg.layers[l], r);
+    let o_fmt = e.act_format("o", &lw.o, r)?;
+    let io =
+        calls::attn_io(&e.planner, slot, &Problem::Attention(attn), o_fmt).map_err(plan_err)?;
+    let pl = e.plan_rows_kernel(
+        "qk_norm_rope",
+        &Problem::Attention(attn),
+        &calls::q16_bound(io.q16),
+    )?;
     let total = lw.qkv.n;
     let (qd, kvd) = (lc.q_dim(), lc.kv_dim());
     let base = qkv_buf.ptr();
@@ -388,9 +397,11 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
     e.mark("rope_kv")?;
     pl.kernel.launch(&e.gpu, &a.kargs()).map_err(dev)?;
 
-    // Attention over the layer's (or its donor's) cache.
-    let slot = calls::attn_slot(&cfg.layers[l], r);
-    let pl = e.plan_rows_kernel(slot, &Problem::Attention(attn), &[])?;
+    // Attention over the layer's (or its donor's) cache, its O written
+    // straight into the output projection's activation buffer when it
+    // can write that format.
+    let pl = e.plan_rows_kernel(slot, &Problem::Attention(attn), &calls::out_bound(io.out))?;
+    let o_act = (io.out != ActFormat::F32).then(|| e.act(io.out));
     e.mark(match lc.kind {
         AttnKind::Sliding => "attn_swa",
         AttnKind::Full => "attn_full",
@@ -399,7 +410,7 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
         q: e.b.q.ptr(),
         k_cache: cache.k.ptr(),
         v_cache: cache.v.ptr(),
-        out: e.b.o.ptr(),
+        out: o_act.map_or(e.b.o.ptr(), |a| a.data),
         pos0_host: rows.pos0,
         pos0_dev: e.b.pos.ptr() + 4 * rows.pos_slot as u64,
         n_q: r,
@@ -412,7 +423,10 @@ pub(super) fn attention_block(e: &CudaEngine<'_>, l: usize, rows: Rows) -> Resul
     battn::launch(&pl.kernel, &e.gpu, &attn, &args).map_err(dev)?;
 
     // Output projection and the sandwich norm.
-    let o = e.convert_for("o", &lw.o, e.b.o.ptr(), r)?;
+    let o = match o_act {
+        Some(a) => a,
+        None => e.convert_for("o", &lw.o, e.b.o.ptr(), r)?,
+    };
     let y_buf = &e.b.y;
     e.matmul("o", "gemm_o", &lw.o, &o, y_buf, r)?;
     let fmt = e.act_format("gate_up", &lw.gate_up, r)?;

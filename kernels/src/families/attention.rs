@@ -3,9 +3,10 @@
 //! geometry, the analytic count of visited KV tiles, seeded inputs in the
 //! engine's cache layout, and the f64 oracle with its replay.
 
-use super::rows_common::{OutRead, RowsWorkload};
+use super::rows_common::{act_replay, out_format, OutRead, RowsWorkload};
 use super::{memo, random_matrix, rng_for};
 use crate::bind::attention::{AttnArgs, MAX_SPLITS};
+use crate::bind::ActFormat;
 use crate::check::Tolerance;
 use crate::defines::{get_int, get_str, Defines};
 use crate::family::{
@@ -25,9 +26,62 @@ pub struct Tile {
     pub stages: usize,
     /// The Hopper loop of attn_wgmma.cuh (ALGO = 2) instead of attn_core.cuh.
     pub wgmma: bool,
-    /// PERSIST = 1 (wgmma only): about one CTA per SM runs the work items
-    /// in turn, with a second Q tile for the next item's.
-    pub persist: bool,
+    /// PERSIST (wgmma only): the work-item schedule.
+    pub persist: Persist,
+}
+
+/// The wgmma loop's schedule of work items (query tile, KV head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// PERSIST = 0: one CTA per work item.
+    No,
+    /// PERSIST = 1: about one CTA per SM runs the items in turn; the next
+    /// item's f32 Q is staged during the band into a second Q tile.
+    TwoQ,
+    /// PERSIST = 2 (Q16 = 1): the same schedule with one Q tile; the next
+    /// item's Q is copied over it once the band's last S has read it.
+    OneQ,
+}
+
+impl Persist {
+    pub fn from_define(v: i64) -> Option<Persist> {
+        match v {
+            0 => Some(Persist::No),
+            1 => Some(Persist::TwoQ),
+            2 => Some(Persist::OneQ),
+            _ => None,
+        }
+    }
+    /// A grid of about one CTA per SM instead of one per item.
+    pub fn persistent(self) -> bool {
+        self != Persist::No
+    }
+}
+
+/// How a prefill variant's q and out are stored (Q16, OUT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillIo {
+    /// Q16 = 1: q in the cache type (f16 / bf16) instead of f32.
+    pub q16: bool,
+    /// OUT: f32, or the output projection's DQ_F16 / DQ_BF16 operand.
+    pub out: ActFormat,
+}
+
+impl PrefillIo {
+    /// f32 in and out: every kernel's convention, the only one of decode.
+    pub const F32: PrefillIo = PrefillIo {
+        q16: false,
+        out: ActFormat::F32,
+    };
+    /// Q16 and OUT of a prefill variant's defines.
+    pub fn read(d: &Defines) -> Result<PrefillIo, String> {
+        let q16 = crate::family::int_in(d, "Q16", &[0, 1])? == 1;
+        let out = out_format(d)?;
+        if out == ActFormat::Q8_1 {
+            return Err("OUT=Q8_1: attention writes F32, DQ_F16 or DQ_BF16".into());
+        }
+        Ok(PrefillIo { q16, out })
+    }
 }
 
 impl Tile {
@@ -46,8 +100,8 @@ impl Tile {
             } else {
                 0
             };
-            // PERSIST: a second Q tile, and two 32-byte Q staging slots per thread.
-            let (q_tiles, staging) = if self.persist {
+            // PERSIST = 1: a second Q tile, and two 32-byte Q staging slots per thread.
+            let (q_tiles, staging) = if self.persist == Persist::TwoQ {
                 (2, 2 * self.threads() * 32)
             } else {
                 (1, 0)
@@ -170,7 +224,7 @@ fn read_algo(
                 wd: int_of(d, "WD", &[1, 2, 4])?,
                 stages: int_of(d, "STAGES", &[1, 2])?,
                 wgmma: false,
-                persist: false,
+                persist: Persist::No,
             };
             int_of(d, "CP_ASYNC", &[0, 1])?;
             t.check_group(p)?;
@@ -224,11 +278,12 @@ fn read_wgmma(
         wd: int_of(d, "WD", &[1, 2])?,
         stages: int_of(d, "STAGES", &[1, 2])?,
         wgmma: true,
-        persist: int_of(d, "PERSIST", &[0, 1])? == 1,
+        persist: Persist::from_define(int_of(d, "PERSIST", &[0, 1, 2])? as i64)
+            .unwrap_or(Persist::No),
     };
     t.check_group(p)?;
-    if t.persist && t.stages != 2 {
-        return Err("PERSIST=1 runs the two-stage loop (STAGES=2)".into());
+    if t.persist.persistent() && t.stages != 2 {
+        return Err("PERSIST runs the two-stage loop (STAGES=2)".into());
     }
     let slice = hd / t.wd;
     if hd % t.wd != 0 || (slice != 128 && slice != 256) {
@@ -286,7 +341,7 @@ pub fn geometry(
             block: ((warps * 32) as u32, 1, 1),
             dyn_smem: 0,
         },
-        Algo::Mma(t) if t.persist => {
+        Algo::Mma(t) if t.persist.persistent() => {
             let items = p.n_q.div_ceil(tokens_per_cta(t, p)) * p.n_kv_heads;
             let smem = t.smem_bytes(p.head_dim);
             let resident = lim.sm_count as usize * ctas_per_sm(smem, t.threads(), lim);
@@ -461,7 +516,8 @@ fn upload_kv(gpu: &Gpu, t: KvType, v: &[f32]) -> Result<crate::gpu::DeviceBuffer
 }
 
 /// A checkable, timeable attention call. `decode`: pos0 from device memory
-/// and (tensor cores) split-KV with the combine.
+/// and (tensor cores) split-KV with the combine. `io`: how q and out are
+/// stored (`PrefillIo::F32` for decode).
 pub fn workload(
     gpu: &Gpu,
     d: &Defines,
@@ -469,16 +525,24 @@ pub fn workload(
     geo: &LaunchGeometry,
     seed: u64,
     decode: bool,
+    io: PrefillIo,
 ) -> Result<Box<dyn crate::workload::Workload>, GpuError> {
     let a = *attn_of(p).map_err(GpuError::Rejected)?;
     // Every ALGO but the scalar one rounds Q (and P) to the cache type.
     let tensor_cores = get_int(d, "ALGO").map_err(GpuError::Rejected)? != 0;
     let inp = inputs(&a, seed);
     let op = tensor_cores.then_some(a.kv_type);
-    let q_bufs = gpu.upload(&inp.q)?;
+    // Q16: q as stored in the cache type, the rounding the kernels apply
+    // to f32 q themselves (so the reference and replay are unchanged).
+    let q_bufs = if io.q16 {
+        upload_kv(gpu, a.kv_type, &inp.q)?
+    } else {
+        gpu.upload(&inp.q)?
+    };
     let kc = upload_kv(gpu, a.kv_type, &inp.k)?;
     let vc = upload_kv(gpu, a.kv_type, &inp.v)?;
-    let out = gpu.alloc(a.n_q * a.n_heads * a.head_dim * 4)?;
+    let n_out = a.n_q * a.n_heads * a.head_dim;
+    let out = gpu.alloc(io.out.bytes(a.n_q, a.n_heads * a.head_dim))?;
     let pos = gpu.upload(&[a.q_pos0 as i32])?;
     let splits = geo.grid.2.max(1) as usize;
     let scratch_words = if decode {
@@ -511,24 +575,43 @@ pub fn workload(
     let key = format!("attn ref {a:?} {seed}");
     let replay_key = format!("attn replay {a:?} {seed} {op:?}");
     let inp2 = inp.clone();
+    let out_fmt = io.out;
+    // The replay: the f64 oracle on the rounded Q, its output rounded to
+    // OUT's type as the kernel rounds its f32 row.
     let reference: super::rows_common::RowsRef = Box::new(move || {
         let r = memo::get(key.clone(), || oracle(&a, &inp2, &inp2.q));
         let rp = op.map(|t| {
-            (*memo::get(replay_key.clone(), || {
+            let o = memo::get(replay_key.clone(), || {
                 let qr: Vec<f32> = inp2.q.iter().map(|&x| store(t, x)).collect();
                 oracle(&a, &inp2, &qr)
-            }))
-            .clone()
+            });
+            if out_fmt == ActFormat::F32 {
+                (*o).clone()
+            } else {
+                let f: Vec<f32> = o.iter().map(|&x| x as f32).collect();
+                act_replay(out_fmt, &f).into_iter().map(f64::from).collect()
+            }
         });
         ((*r).clone(), rp)
     });
     // Bytes: q and out, and the K/V rows the visible keys occupy.
     let kv_keys = visible_keys(&a);
-    let bytes = (2 * a.n_q * a.n_heads * a.head_dim * 4
+    let q_bytes = n_out * if io.q16 { a.kv_type.bytes() } else { 4 };
+    let bytes = (q_bytes
+        + io.out.bytes(a.n_q, a.n_heads * a.head_dim)
         + 2 * kv_keys * a.n_kv_heads * a.head_dim * a.kv_type.bytes()) as u64;
+    let read_out = if io.out == ActFormat::F32 {
+        OutRead::F32
+    } else {
+        OutRead::Act {
+            format: io.out,
+            scales: None,
+            n: n_out,
+        }
+    };
     Ok(Box::new(RowsWorkload {
         bufs: vec![q_bufs, kc, vc, out, pos, scratch],
-        outputs: vec![(3, OutRead::F32)],
+        outputs: vec![(3, read_out)],
         restore: Vec::new(),
         args: args.kargs(),
         geo: geo.clone(),
@@ -596,7 +679,7 @@ mod tests {
             wd: 2,
             stages: 2,
             wgmma: false,
-            persist: false,
+            persist: Persist::No,
         };
         // 4096 tokens from 0, window 512: 16 tokens per CTA (GQA 4).
         let p = prob(4096, 0, 512, 4096);
@@ -729,7 +812,7 @@ mod tests {
         let Algo::Mma(t) = &algo else {
             panic!("ALGO=2 read as the scalar kernel")
         };
-        assert!(t.persist);
+        assert_eq!(t.persist, Persist::TwoQ);
         assert_eq!(
             t.smem_bytes(256),
             1024 + 2 * 128 * 256 * 2 + 2 * 4 * 32 * 256 + 2 * 256 * 32

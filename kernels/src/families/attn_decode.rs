@@ -90,7 +90,7 @@ impl Family for AttnDecode {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        attention::workload(gpu, d, p, geo, seed, true)
+        attention::workload(gpu, d, p, geo, seed, true, attention::PrefillIo::F32)
     }
 }
 

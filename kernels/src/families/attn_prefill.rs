@@ -2,7 +2,8 @@
 //! (causal, optionally windowed), scalar or tensor-core flash kernel. See
 //! kernels/cuda/attn_prefill.cu and `bind::attention`.
 
-use super::attention::{self, Algo};
+use super::attention::{self, Algo, Persist, PrefillIo};
+use crate::bind::ActFormat;
 use crate::check::Tolerance;
 use crate::compile::Arch;
 use crate::defines::{defines, get_int, Defines};
@@ -43,9 +44,11 @@ impl Family for AttnPrefill {
             ("CP_ASYNC", 1),
             ("WINDOWED", 0),
             ("PERSIST", 0),
+            ("Q16", 0),
             ("COUNT_TILES", 0),
         ]);
         d.insert("KV_TYPE".into(), "F16".into());
+        d.insert("OUT".into(), "F32".into());
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
@@ -64,10 +67,47 @@ impl Family for AttnPrefill {
         let algo = attention::read_prefill(d, a, lim)?;
         crate::family::int_in(d, "WINDOWED", &[0, 1])?;
         crate::family::int_in(d, "COUNT_TILES", &[0, 1])?;
-        if crate::family::int_in(d, "PERSIST", &[0, 1])? == 1
-            && !matches!(algo, Algo::Mma(t) if t.wgmma)
-        {
-            return Err("PERSIST=1 is the wgmma loop's schedule (ALGO=2)".into());
+        let io = PrefillIo::read(d)?;
+        let persist = crate::family::int_in(d, "PERSIST", &[0, 1, 2])?;
+        match &algo {
+            Algo::Mma(t) if t.wgmma => match t.persist {
+                Persist::TwoQ if io.q16 => {
+                    return Err("PERSIST=1 stages f32 Q; Q16=1 runs PERSIST=0 or 2".into())
+                }
+                Persist::OneQ if !io.q16 => {
+                    return Err("PERSIST=2 copies the next Q as stored: it needs Q16=1".into())
+                }
+                Persist::OneQ if io.out != ActFormat::F32 && 2 * t.bkv < t.bq => {
+                    return Err(format!(
+                        "PERSIST=2 stages the {} O tile in the two V buffers: BKV={} holds {} of its BQ={} rows",
+                        io.out.define(),
+                        t.bkv,
+                        2 * t.bkv,
+                        t.bq
+                    ))
+                }
+                _ => {}
+            },
+            _ => {
+                if persist != 0 {
+                    return Err(format!(
+                        "PERSIST={persist} is the wgmma loop's schedule (ALGO=2)"
+                    ));
+                }
+                if io != PrefillIo::F32 {
+                    return Err(format!(
+                        "Q16={} OUT={}: only the wgmma loop (ALGO=2) reads 16-bit Q or writes DQ",
+                        io.q16 as u8,
+                        io.out.define()
+                    ));
+                }
+            }
+        }
+        if io.out != ActFormat::F32 && a.head_dim % 16 != 0 {
+            return Err(format!(
+                "OUT={} needs a head dim multiple of 16",
+                io.out.define()
+            ));
         }
         if a.n_q > 65535 * 16 {
             return Err(format!("{} query tokens in one call", a.n_q));
@@ -82,7 +122,8 @@ impl Family for AttnPrefill {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        attention::workload(gpu, d, p, geo, seed, false)
+        let io = PrefillIo::read(d).map_err(GpuError::Rejected)?;
+        attention::workload(gpu, d, p, geo, seed, false, io)
     }
 }
 
@@ -106,11 +147,9 @@ mod tests {
     use crate::compile::Arch;
     use crate::family::{AttnProblem, KvType};
 
-    #[test]
-    fn the_persistent_schedule_is_the_wgmma_loops_only() {
-        let f = AttnPrefill;
-        let lim = DeviceLimits::for_arch(Arch(90));
-        let p = Problem::Attention(AttnProblem {
+    /// E4B heads over a 512-token window, 4096 tokens: 256 work items.
+    fn e4b_window_4096() -> Problem {
+        Problem::Attention(AttnProblem {
             n_heads: 8,
             n_kv_heads: 2,
             head_dim: 256,
@@ -119,7 +158,14 @@ mod tests {
             n_q: 4096,
             capacity: 4096,
             kv_type: KvType::F16,
-        });
+        })
+    }
+
+    #[test]
+    fn the_persistent_schedule_is_the_wgmma_loops_only() {
+        let f = AttnPrefill;
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let p = e4b_window_4096();
         let mut d = f.default_defines(GgmlType::F16);
         d.insert("PERSIST".into(), 1i64.into());
         let e = f.validate(&d, &p, &lim).unwrap_err();
@@ -131,7 +177,57 @@ mod tests {
             .validate(&d, &p, &lim)
             .expect("the persistent window tile");
         assert_eq!(g.grid, (132, 1, 1));
-        d.insert("PERSIST".into(), 2i64.into());
+        d.insert("PERSIST".into(), 3i64.into());
         assert!(f.validate(&d, &p, &lim).is_err());
+    }
+
+    #[test]
+    fn sixteen_bit_q_and_dq_out_are_the_wgmma_loops_and_fit_the_one_q_schedule() {
+        let f = AttnPrefill;
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let p = e4b_window_4096();
+        let set = |d: &mut Defines, kv: &[(&str, i64)]| {
+            for (k, v) in kv {
+                d.insert(k.to_string(), (*v).into());
+            }
+        };
+        // The mma.sync loop reads f32 Q and writes f32 O only.
+        let mut d = f.default_defines(GgmlType::F16);
+        set(&mut d, &[("Q16", 1)]);
+        assert!(f.validate(&d, &p, &lim).unwrap_err().contains("ALGO=2"));
+        let mut d = f.default_defines(GgmlType::F16);
+        d.insert("OUT".into(), "DQ_F16".into());
+        assert!(f.validate(&d, &p, &lim).unwrap_err().contains("ALGO=2"));
+        // Attention never writes Q8_1.
+        d.insert("OUT".into(), "Q8_1".into());
+        assert!(f.validate(&d, &p, &lim).unwrap_err().contains("Q8_1"));
+        // The one-Q-tile schedule: Q16 required, 64-key tiles fit with one
+        // Q tile, and the DQ tile must fit the two V buffers.
+        let mut d = f.default_defines(GgmlType::F16);
+        set(
+            &mut d,
+            &[
+                ("ALGO", 2),
+                ("BQ", 128),
+                ("BKV", 64),
+                ("WD", 1),
+                ("PERSIST", 2),
+            ],
+        );
+        assert!(f.validate(&d, &p, &lim).unwrap_err().contains("Q16=1"));
+        set(&mut d, &[("Q16", 1)]);
+        d.insert("OUT".into(), "DQ_F16".into());
+        let g = f
+            .validate(&d, &p, &lim)
+            .expect("the persistent 16-bit-Q tile");
+        assert_eq!(g.grid, (132, 1, 1));
+        assert_eq!(g.dyn_smem as usize, 1024 + 128 * 256 * 2 + 2 * 4 * 64 * 256);
+        set(&mut d, &[("BKV", 32)]);
+        assert!(f.validate(&d, &p, &lim).unwrap_err().contains("V buffers"));
+        d.insert("OUT".into(), "F32".into());
+        assert!(f.validate(&d, &p, &lim).is_ok());
+        // The f32 staging ring and 16-bit Q do not mix.
+        set(&mut d, &[("PERSIST", 1)]);
+        assert!(f.validate(&d, &p, &lim).unwrap_err().contains("PERSIST=1"));
     }
 }

@@ -58,6 +58,11 @@ fn kv_type(d: &Defines, p: &AttnProblem) -> Result<KvType, String> {
     Ok(t)
 }
 
+/// Q16: q_out in the cache type.
+fn q16(d: &Defines) -> Result<bool, String> {
+    Ok(crate::family::int_in(d, "Q16", &[0, 1])? == 1)
+}
+
 /// A cache value as stored and read back.
 fn kv_round(t: KvType, v: f32) -> f32 {
     match t {
@@ -83,6 +88,7 @@ impl Family for QkNormRope {
     fn default_defines(&self, _wtype: GgmlType) -> Defines {
         let mut d = Defines::new();
         d.insert("KV_TYPE".into(), "F16".into());
+        d.insert("Q16".into(), 0i64.into());
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
@@ -92,8 +98,9 @@ impl Family for QkNormRope {
         }
     }
     fn default_tolerance(&self, d: &Defines, _p: &Problem) -> Tolerance {
-        // Q is f32; K/V are also rounded to the cache type, where one ulp
-        // of the type is the bound (the reference rounds too).
+        // Q is f32 (or, Q16, rounded like K/V); K/V are rounded to the
+        // cache type, where one ulp of the type is the bound (the reference
+        // rounds too).
         let u = match get_str(d, "KV_TYPE").as_deref() {
             Ok("F16") => f64::powi(2.0, -11),
             Ok("BF16") => f64::powi(2.0, -8),
@@ -114,7 +121,10 @@ impl Family for QkNormRope {
     ) -> Result<LaunchGeometry, String> {
         let a = attn_of(p)?;
         a.check()?;
-        kv_type(d, a)?;
+        let t = kv_type(d, a)?;
+        if q16(d)? && t == KvType::F32 {
+            return Err("Q16=1 writes Q in the cache type, which must be F16 or BF16".into());
+        }
         let half = a.head_dim / 2;
         if a.head_dim % 64 != 0 || half > 512 || half > lim.max_threads_per_block as usize {
             return Err(format!(
@@ -149,6 +159,7 @@ impl Family for QkNormRope {
     ) -> Result<Box<dyn Workload>, GpuError> {
         let a = *attn_of(p).map_err(GpuError::Rejected)?;
         let t = kv_type(d, &a).map_err(GpuError::Rejected)?;
+        let q16 = q16(d).map_err(GpuError::Rejected)?;
         let (hd, nq, nkv, tn, cap) = (a.head_dim, a.n_heads, a.n_kv_heads, a.n_q, a.capacity);
         let half = hd / 2;
         let width = (nq + 2 * nkv) * hd;
@@ -192,7 +203,11 @@ impl Family for QkNormRope {
             let pos = a.q_pos0 + tt;
             let row = &qkv[tt * width..(tt + 1) * width];
             for h in 0..nq {
-                let o = norm_rope(&row[h * hd..(h + 1) * hd], Some(&q_norm), pos, true);
+                let mut o = norm_rope(&row[h * hd..(h + 1) * hd], Some(&q_norm), pos, true);
+                if q16 {
+                    o.iter_mut()
+                        .for_each(|x| *x = kv_round(t, *x as f32) as f64);
+                }
                 q_ref[(tt * nq + h) * hd..(tt * nq + h + 1) * hd].copy_from_slice(&o);
             }
             let slot = pos % cap;
@@ -224,7 +239,8 @@ impl Family for QkNormRope {
         let kn = gpu.upload(&k_norm)?;
         let fr = gpu.upload(&inv)?;
         let pos = gpu.upload(&[a.q_pos0 as i32])?;
-        let q_out = gpu.alloc(tn * nq * hd * 4)?;
+        let q_bytes = tn * nq * hd * if q16 { t.bytes() } else { 4 };
+        let q_out = gpu.alloc(q_bytes)?;
         let kc = upload_kv(&k0)?;
         let vc = upload_kv(&v0)?;
         let args = QkNormRopeArgs {
@@ -258,7 +274,18 @@ impl Family for QkNormRope {
         Ok(Box::new(RowsWorkload {
             args,
             bufs: vec![inp, qn, kn, fr, pos, q_out, kc, vc],
-            outputs: vec![(5, OutRead::F32), (6, read(kvw)), (7, read(kvw))],
+            outputs: vec![
+                (
+                    5,
+                    if q16 {
+                        read(tn * nq * hd)
+                    } else {
+                        OutRead::F32
+                    },
+                ),
+                (6, read(kvw)),
+                (7, read(kvw)),
+            ],
             restore: vec![(6, k_pristine), (7, v_pristine)],
             geo: geo.clone(),
             then: Vec::new(),
@@ -266,7 +293,7 @@ impl Family for QkNormRope {
             rotate: Vec::new(),
             copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), None)),
-            bytes: (tn * width * 4 + tn * nq * hd * 4) as u64 + written,
+            bytes: (tn * width * 4 + q_bytes) as u64 + written,
             ops: (tn * width * 8) as u64,
         }))
     }
@@ -311,5 +338,16 @@ mod tests {
         let mut d32 = d.clone();
         d32.insert("KV_TYPE".into(), "F32".into());
         assert!(f.validate(&d32, &p(256, 8, 2, 7, 64), &lim).is_err());
+        // Q16 writes Q in a 16-bit cache type only.
+        let mut q16 = d.clone();
+        q16.insert("Q16".into(), 1i64.into());
+        assert!(f.validate(&q16, &p(256, 8, 2, 7, 64), &lim).is_ok());
+        let mut p32 = p(256, 8, 2, 7, 64);
+        if let Problem::Attention(a) = &mut p32 {
+            a.kv_type = KvType::F32;
+        }
+        q16.insert("KV_TYPE".into(), "F32".into());
+        let e = f.validate(&q16, &p32, &lim).unwrap_err();
+        assert!(e.contains("Q16=1"), "{e}");
     }
 }
