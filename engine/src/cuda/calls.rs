@@ -233,26 +233,24 @@ pub struct AttnIo {
 /// The attention slot's I/O at `p`, given the format `o_fmt` the output
 /// projection reads: from the variant the slot resolves to (its fallback
 /// included), bound to `o_fmt` only where that variant validates with it.
+/// Decided once per (slot, problem, format) and kept by the planner.
 pub fn attn_io(
     planner: &Planner,
     slot: &str,
     p: &Problem,
     o_fmt: ActFormat,
 ) -> Result<AttnIo, PlanError> {
-    let (fam, d, _) = planner.resolve(slot, p, &[])?;
-    let q16 = d.get("Q16") == Some(&DefineValue::Int(1));
-    let writes = |f: ActFormat| {
-        let mut d2 = d.clone();
-        d2.insert("OUT".into(), DefineValue::Str(f.define().into()));
-        fam.declared_defines().iter().any(|x| x == "OUT")
-            && fam.validate(&d2, p, &planner.limits).is_ok()
-    };
-    let out = if o_fmt != ActFormat::F32 && writes(o_fmt) {
-        o_fmt
-    } else {
-        ActFormat::F32
-    };
-    Ok(AttnIo { q16, out })
+    let key = format!("{slot}|{}|{}", p.describe(), o_fmt.define());
+    planner.attn_io_memo(key, || {
+        let (fam, mut d, _) = planner.resolve(slot, p, &[])?;
+        let q16 = d.get("Q16") == Some(&DefineValue::Int(1));
+        d.insert("OUT".into(), DefineValue::Str(o_fmt.define().into()));
+        let writes = o_fmt != ActFormat::F32
+            && fam.declared_defines().iter().any(|x| x == "OUT")
+            && fam.validate(&d, p, &planner.limits).is_ok();
+        let out = if writes { o_fmt } else { ActFormat::F32 };
+        Ok(AttnIo { q16, out })
+    })
 }
 
 /// The activation format the slot serving projection `kind` at `m` rows

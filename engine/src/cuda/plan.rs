@@ -60,6 +60,8 @@ pub struct Planner {
     pub limits: DeviceLimits,
     pub cache: KernelCache,
     memo: Mutex<HashMap<String, Planned>>,
+    /// Each attention call site's Q and O formats (`calls::attn_io`).
+    io_memo: Mutex<HashMap<String, super::calls::AttnIo>>,
     decisions: Mutex<Vec<Decision>>,
 }
 
@@ -79,6 +81,7 @@ impl Planner {
             limits,
             cache: KernelCache::new(None),
             memo: Mutex::new(HashMap::new()),
+            io_memo: Mutex::new(HashMap::new()),
             decisions: Mutex::new(Vec::new()),
         }
     }
@@ -287,6 +290,22 @@ impl Planner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The attention I/O memoized under `key`, computed by `f` the first
+    /// time: the load-time list and every later launch share one answer.
+    pub(super) fn attn_io_memo(
+        &self,
+        key: String,
+        f: impl FnOnce() -> Result<super::calls::AttnIo, PlanError>,
+    ) -> Result<super::calls::AttnIo, PlanError> {
+        let lock = || self.io_memo.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(io) = lock().get(&key) {
+            return Ok(*io);
+        }
+        let io = f()?;
+        lock().insert(key, io);
+        Ok(io)
     }
 
     fn lock_memo(&self) -> std::sync::MutexGuard<'_, HashMap<String, Planned>> {

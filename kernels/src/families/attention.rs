@@ -44,14 +44,6 @@ pub enum Persist {
 }
 
 impl Persist {
-    pub fn from_define(v: i64) -> Option<Persist> {
-        match v {
-            0 => Some(Persist::No),
-            1 => Some(Persist::TwoQ),
-            2 => Some(Persist::OneQ),
-            _ => None,
-        }
-    }
     /// A grid of about one CTA per SM instead of one per item.
     pub fn persistent(self) -> bool {
         self != Persist::No
@@ -278,8 +270,11 @@ fn read_wgmma(
         wd: int_of(d, "WD", &[1, 2])?,
         stages: int_of(d, "STAGES", &[1, 2])?,
         wgmma: true,
-        persist: Persist::from_define(int_of(d, "PERSIST", &[0, 1, 2])? as i64)
-            .unwrap_or(Persist::No),
+        persist: match int_of(d, "PERSIST", &[0, 1, 2])? {
+            1 => Persist::TwoQ,
+            2 => Persist::OneQ,
+            _ => Persist::No,
+        },
     };
     t.check_group(p)?;
     if t.persist.persistent() && t.stages != 2 {
