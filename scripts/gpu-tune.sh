@@ -84,7 +84,7 @@ attn | attn-decode | all)
         --shape e4b.dec --shape 12b.dec --out "$out_root/attn-decode"
     ;;&
 rows | all)
-    for fam in rmsnorm gelu_mul embed ple softcap act_convert; do
+    for fam in rmsnorm gelu_mul embed ple softcap act_convert qk_norm_rope; do
         run_phase "rows-$fam" "${tune[@]}" "$fam" --shapes elementwise_tune.toml --regime dram \
             --shape "$fam." --out "$out_root/rows-$fam"
     done

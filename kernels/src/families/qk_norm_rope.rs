@@ -72,6 +72,18 @@ fn kv_round(t: KvType, v: f32) -> f32 {
     }
 }
 
+/// Blocks per token of the warp-per-row kernel (ALGO 1): one while the
+/// tokens alone give every SM two blocks (each token's angles computed
+/// once), else enough that every row has a warp of its own (a call of a few
+/// tokens is latency-bound: a warp that runs several rows in turn sets its
+/// time).
+fn row_blocks(a: &AttnProblem, warps: u32, lim: &DeviceLimits) -> u32 {
+    if a.n_q >= 2 * lim.sm_count as usize {
+        return 1;
+    }
+    ((a.n_heads + 2 * a.n_kv_heads) as u32).div_ceil(warps)
+}
+
 impl Family for QkNormRope {
     fn name(&self) -> &'static str {
         "qk_norm_rope"
@@ -89,6 +101,9 @@ impl Family for QkNormRope {
         let mut d = Defines::new();
         d.insert("KV_TYPE".into(), "F16".into());
         d.insert("Q16".into(), 0i64.into());
+        d.insert("HEAD_DIM".into(), 256i64.into());
+        d.insert("ALGO".into(), 0i64.into());
+        d.insert("WARPS".into(), 4i64.into());
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
@@ -125,10 +140,10 @@ impl Family for QkNormRope {
         if q16(d)? && t == KvType::F32 {
             return Err("Q16=1 writes Q in the cache type, which must be F16 or BF16".into());
         }
-        let half = a.head_dim / 2;
-        if a.head_dim % 64 != 0 || half > 512 || half > lim.max_threads_per_block as usize {
+        let hd = crate::defines::get_int(d, "HEAD_DIM")?;
+        if hd != a.head_dim as i64 {
             return Err(format!(
-                "head_dim {} must be a multiple of 64 with hd/2 <= 512 threads",
+                "HEAD_DIM={hd} does not match the shape's head_dim {}",
                 a.head_dim
             ));
         }
@@ -137,6 +152,32 @@ impl Family for QkNormRope {
                 "{} tokens in one call would write {} cache slots twice",
                 a.n_q,
                 a.n_q - a.capacity
+            ));
+        }
+        if crate::family::int_in(d, "ALGO", &[0, 1])? == 1 {
+            // A block per token, a warp per row; lanes take 16-byte pieces.
+            let warps = crate::family::int_in(d, "WARPS", &[4, 8, 16])? as u32;
+            if a.head_dim % 256 != 0 {
+                return Err(format!(
+                    "ALGO=1 takes head_dim a multiple of 256 (a lane's pairs in 16-byte pieces), not {}",
+                    a.head_dim
+                ));
+            }
+            if a.n_q > i32::MAX as usize {
+                return Err(format!("{} tokens exceed grid.x", a.n_q));
+            }
+            return Ok(LaunchGeometry {
+                kernel: "qk_norm_rope".into(),
+                grid: (a.n_q as u32, row_blocks(a, warps, lim), 1),
+                block: (32 * warps, 1, 1),
+                dyn_smem: 0,
+            });
+        }
+        let half = a.head_dim / 2;
+        if a.head_dim % 64 != 0 || half > 512 || half > lim.max_threads_per_block as usize {
+            return Err(format!(
+                "head_dim {} must be a multiple of 64 with hd/2 <= 512 threads",
+                a.head_dim
             ));
         }
         if a.n_q > 65535 {
@@ -331,9 +372,13 @@ mod tests {
     fn validate_rejects_mismatched_types_and_overfull_calls() {
         let f = QkNormRope;
         let lim = DeviceLimits::for_arch(Arch(90));
-        let d = f.default_defines(GgmlType::F16);
+        let mut d = f.default_defines(GgmlType::F16);
+        // HEAD_DIM is bound from the shape; a define that disagrees is refused.
+        assert!(f.validate(&d, &p(512, 8, 2, 7, 64), &lim).is_err());
+        d.insert("HEAD_DIM".into(), 512i64.into());
         let g = f.validate(&d, &p(512, 8, 2, 7, 64), &lim).expect("valid");
         assert_eq!((g.grid, g.block.0), ((10, 7, 1), 256));
+        d.insert("HEAD_DIM".into(), 256i64.into());
         assert!(f.validate(&d, &p(256, 8, 2, 70, 64), &lim).is_err());
         let mut d32 = d.clone();
         d32.insert("KV_TYPE".into(), "F32".into());
@@ -349,5 +394,37 @@ mod tests {
         q16.insert("KV_TYPE".into(), "F32".into());
         let e = f.validate(&q16, &p32, &lim).unwrap_err();
         assert!(e.contains("Q16=1"), "{e}");
+    }
+
+    #[test]
+    fn warp_per_row_kernel_takes_a_block_per_token_and_whole_256_dim_pieces() {
+        let f = QkNormRope;
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let mut d = f.default_defines(GgmlType::F16);
+        d.insert("ALGO".into(), 1i64.into());
+        d.insert("WARPS".into(), 8i64.into());
+        for hd in [256usize, 512] {
+            d.insert("HEAD_DIM".into(), (hd as i64).into());
+            // 2048 tokens: past ALGO 0's grid.y limit, one block each here.
+            let g = f
+                .validate(&d, &p(hd, 8, 2, 2048, 4096), &lim)
+                .expect("valid");
+            assert_eq!(
+                (g.grid, g.block, g.dyn_smem),
+                ((2048, 1, 1), (256, 1, 1), 0)
+            );
+            // A decode step: its 8 + 2 + 2 rows over two blocks of 8 warps.
+            let g = f.validate(&d, &p(hd, 8, 2, 1, 4096), &lim).expect("valid");
+            assert_eq!(g.grid, (1, 2, 1));
+        }
+        d.insert("HEAD_DIM".into(), 128i64.into());
+        let e = f.validate(&d, &p(128, 8, 2, 7, 64), &lim).unwrap_err();
+        assert!(e.contains("multiple of 256"), "{e}");
+        d.insert("HEAD_DIM".into(), 256i64.into());
+        d.insert("WARPS".into(), 5i64.into());
+        assert!(f.validate(&d, &p(256, 8, 2, 7, 64), &lim).is_err());
+        d.insert("WARPS".into(), 4i64.into());
+        d.insert("ALGO".into(), 2i64.into());
+        assert!(f.validate(&d, &p(256, 8, 2, 7, 64), &lim).is_err());
     }
 }
