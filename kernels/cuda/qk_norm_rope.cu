@@ -23,9 +23,10 @@
 // a row per warp, so a decode step waits for one row, not for a warp's
 // turn through several): lane l holds the hd/64 consecutive pairs from l hd/64,
 // read and written in 16-byte pieces, the norm summed by warp shuffles (no
-// barrier per row). Rows must be 16-byte aligned (q_in, k_in, v_in and
-// their strides multiples of 4 floats, as a fused projection output is);
-// a call that breaks this reads element by element instead.
+// barrier per row). Input rows are read in 16-byte pieces when q_in, k_in,
+// v_in are 16-byte aligned and their strides multiples of 4 floats (as a
+// fused projection output is), element by element otherwise; q_out and the
+// caches must be 16-byte aligned (device allocations are).
 // Inputs have row strides (elements), so Q, K and V can be read out of one
 // fused projection output.
 // q_out is f32, or with Q16 = 1 the cache type (f16 / bf16: the operand
