@@ -249,8 +249,8 @@ qk_norm_rope(const float* __restrict__ q_in, int q_stride, const float* __restri
     const int p = *pos0 + t;
     // sincospi of the angle over pi: its argument reduction is exact and
     // inline (sincos calls a slow-path reduction that would keep registers
-    // on the stack); dividing by pi costs one f64 rounding, far below the
-    // f32 the results are rounded to.
+    // on the stack). The multiply by 1/pi adds f64 rounding error, some
+    // 1e-16 relative, far below the f32 the results are rounded to.
     for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
         double sn, cn;
         sincospi((double)p * inv_freq[i] * 0.31830988618379067, &sn, &cn);
