@@ -59,10 +59,8 @@
 #endif
 
 #include "common.cuh"
+#include "attn_operand.cuh"
 
-#define F16 1
-#define BF16 2
-#define F32 3
 #if KV_TYPE != F16 && KV_TYPE != BF16 && KV_TYPE != F32
 #error "KV_TYPE must be F16, BF16 or F32"
 #endif
@@ -70,27 +68,18 @@
 #error "Q16 = 1 writes Q in a 16-bit cache type"
 #endif
 
-#if KV_TYPE != F32
-// v rounded to KV_TYPE's 16 bits (round to nearest even).
-DEVI u16 kv_bits(float v) {
-#if KV_TYPE == F16
-    u16 b;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
-    return b;
-#else
-    const u32 u = __float_as_uint(v);
-    const u32 r = u + 0x7fffu + ((u >> 16) & 1u);
-    return (u16)(r >> 16);
-#endif
-}
-#endif
-
 #if ALGO == 0
 DEVI void kv_store(void* cache, u64 i, float v) {
 #if KV_TYPE == F32
     reinterpret_cast<float*>(cache)[i] = v;
+#elif KV_TYPE == F16
+    u16 b;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
+    reinterpret_cast<u16*>(cache)[i] = b;
 #else
-    reinterpret_cast<u16*>(cache)[i] = kv_bits(v);
+    const u32 u = __float_as_uint(v);
+    const u32 r = u + 0x7fffu + ((u >> 16) & 1u);
+    reinterpret_cast<u16*>(cache)[i] = (u16)(r >> 16);
 #endif
 }
 
@@ -190,7 +179,8 @@ DEVI void load_per(float (&x)[PER], const float* __restrict__ src, bool vec) {
 }
 
 // PER consecutive values at element `at` of dst: f32, or (`narrow`) the
-// cache type's 16 bits, in 16-byte (f32) or 8-byte (16-bit) pieces.
+// cache type's 16 bits, rounded as the attention kernels round their
+// operands (op_pack), in 16-byte (f32) or 8-byte (16-bit) pieces.
 DEVI void store_per(void* __restrict__ dst, u64 at, const float (&v)[PER], bool narrow) {
     if (!narrow) {
 #pragma unroll
@@ -199,14 +189,10 @@ DEVI void store_per(void* __restrict__ dst, u64 at, const float (&v)[PER], bool 
                 make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
         return;
     }
-#if KV_TYPE != F32
 #pragma unroll
-    for (int k = 0; k < PER; k += 4) {
-        const u32 lo = (u32)kv_bits(v[k]) | ((u32)kv_bits(v[k + 1]) << 16);
-        const u32 hi = (u32)kv_bits(v[k + 2]) | ((u32)kv_bits(v[k + 3]) << 16);
-        *reinterpret_cast<uint2*>(reinterpret_cast<u16*>(dst) + at + k) = make_uint2(lo, hi);
-    }
-#endif
+    for (int k = 0; k < PER; k += 4)
+        *reinterpret_cast<uint2*>(reinterpret_cast<u16*>(dst) + at + k) =
+            make_uint2(op_pack(v[k], v[k + 1]), op_pack(v[k + 2], v[k + 3]));
 }
 
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 1)
