@@ -3,7 +3,7 @@
 //! so the forward passes never re-derive geometry.
 
 /// Attention type of one decoder layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttnKind {
     /// Sliding-window attention: causal and `q - k < window`.
     Sliding,
@@ -94,6 +94,71 @@ impl Gemma4Config {
             AttnKind::Sliding => &self.rope_swa,
             AttnKind::Full => &self.rope_full,
         }
+    }
+    /// The first layer from which no layer writes a cache: from there on a
+    /// chunk's rows feed no later position, so both engines carry only the
+    /// rows whose logits are wanted (`n_layers` when every layer owns its
+    /// K/V).
+    pub fn compact_from(&self) -> usize {
+        (0..=self.n_layers)
+            .rev()
+            .take_while(|&l| l == self.n_layers || !self.layers[l].owns_kv())
+            .last()
+            .unwrap_or(self.n_layers)
+    }
+    /// Slots of layer `l`'s K/V cache (its donor's on KV-shared layers) for
+    /// a sequence of at most `max_seq` positions fed in chunks of at most
+    /// `chunk` tokens: a full layer keeps every position; a sliding layer a
+    /// ring of `window + chunk - 1` (a chunk writes all its keys before it
+    /// attends, and its first query still needs the `window - 1` keys before
+    /// the chunk), never more than `max_seq`.
+    pub fn cache_capacity(&self, l: usize, max_seq: usize, chunk: usize) -> usize {
+        let src = &self.layers[self.layers[l].kv_donor.unwrap_or(l)];
+        let (max_seq, chunk) = (max_seq.max(1), chunk.max(1));
+        match src.kind {
+            AttnKind::Full => max_seq,
+            AttnKind::Sliding => (self.sliding_window.max(1) + chunk - 1).min(max_seq),
+        }
+    }
+    /// The widest row of each activation: the one sizing of the CPU
+    /// engine's scratch, the CUDA engine's buffers and its fit check.
+    pub fn act_widths(&self) -> ActWidths {
+        let max = |f: &dyn Fn(&LayerConfig) -> usize| self.layers.iter().map(f).max().unwrap_or(0);
+        ActWidths {
+            d: self.d_model,
+            q: max(&|l| l.q_dim()),
+            kv: max(&|l| l.kv_dim()),
+            qkv: max(&|l| l.q_dim() + 2 * l.kv_dim()),
+            ffn: max(&|l| l.ffn_dim),
+            ple: self.ple_dim,
+            ple_all: self.n_layers * self.ple_dim,
+        }
+    }
+}
+
+/// The widest row of each activation of a model (`Gemma4Config::act_widths`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActWidths {
+    /// The residual stream, `d_model`.
+    pub d: usize,
+    /// Queries and attention outputs, `n_heads * head_dim`.
+    pub q: usize,
+    /// One of K or V, `n_kv_heads * head_dim`.
+    pub kv: usize,
+    /// The fused Q|K|V projection output.
+    pub qkv: usize,
+    /// The FFN's hidden width (gate or up alone).
+    pub ffn: usize,
+    /// One layer's per-layer-input chunk (0 without PLE).
+    pub ple: usize,
+    /// Every layer's per-layer inputs together, `n_layers * ple_dim`.
+    pub ple_all: usize,
+}
+
+impl ActWidths {
+    /// The widest input any projection reads (the activation buffer's row).
+    pub fn widest_input(&self) -> usize {
+        self.d.max(self.q).max(self.ffn).max(self.ple).max(32)
     }
 }
 

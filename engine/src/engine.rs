@@ -8,7 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cpu::{CpuEngine, ForwardError, LogitRows, Logits};
+use crate::cpu::CpuEngine;
+use crate::forward::{forward_in_chunks, Chunk, ForwardError, LogitRows, Logits, SeqState};
 use crate::model::Model;
 use crate::sampler::Sampler;
 
@@ -53,6 +54,11 @@ pub enum EngineError {
 }
 
 /// A Gemma 4 forward pass over one sequence.
+///
+/// A backend implements `run_chunk`; `forward` (provided) checks a call's
+/// input once and cuts it into chunks of at most `chunk_len` tokens
+/// (`forward::forward_in_chunks`), so both backends validate and chunk in
+/// one place.
 pub trait Engine {
     fn model(&self) -> &Model;
     /// "cpu" or "cuda".
@@ -61,11 +67,27 @@ pub trait Engine {
     fn position(&self) -> usize;
     /// Most positions the cache holds.
     fn max_seq(&self) -> usize;
+    /// Most tokens one chunk may hold (the prefill batch).
+    fn chunk_len(&self) -> usize;
     /// Starts a new sequence.
     fn reset(&mut self);
+    /// Runs one chunk at `position()` (at most `chunk_len` tokens, already
+    /// checked against the vocabulary and the cache), appends its K/V,
+    /// advances the position by its length and writes the logits of its
+    /// `keep` rows to `out` (`[keep.len()][vocab]`).
+    fn run_chunk(&mut self, chunk: Chunk<'_>, out: &mut [f32]) -> Result<(), EngineError>;
     /// Runs `tokens` at `position()..`, appends their K/V and returns the
     /// logits of `rows`.
-    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits, EngineError>;
+    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits, EngineError> {
+        let st = SeqState {
+            position: self.position(),
+            max_seq: self.max_seq(),
+            context_length: self.model().config().context_length,
+            chunk: self.chunk_len(),
+            vocab: self.model().vocab_size(),
+        };
+        forward_in_chunks(st, tokens, rows, |c, out| self.run_chunk(c, out))
+    }
     /// Phase times accumulated since the last call (None: not measured).
     fn take_phases(&mut self) -> Option<PhaseTimes> {
         None
@@ -96,11 +118,14 @@ impl Engine for CpuEngine<'_> {
     fn max_seq(&self) -> usize {
         CpuEngine::max_seq(self)
     }
+    fn chunk_len(&self) -> usize {
+        self.max_batch()
+    }
     fn reset(&mut self) {
         CpuEngine::reset(self)
     }
-    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits, EngineError> {
-        Ok(CpuEngine::forward(self, tokens, rows)?)
+    fn run_chunk(&mut self, chunk: Chunk<'_>, out: &mut [f32]) -> Result<(), EngineError> {
+        Ok(CpuEngine::run_chunk(self, chunk, out)?)
     }
     fn describe(&self) -> Vec<String> {
         vec![format!(

@@ -29,64 +29,11 @@
 //! other from a path, and validates every choice against its family (and
 //! the device) when it plans a model.
 
+use crate::cuda::slots::Slot;
 use gemtune_kernels::defines::{DefineValue, Defines};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// Every engine slot, with its group and what it computes.
-pub const SLOTS: &[(&str, &str)] = &[
-    (
-        "gemm.qkv",
-        "prefill Q/K/V projection (fused when the types agree)",
-    ),
-    ("gemm.o", "prefill attention output projection"),
-    (
-        "gemm.gate_up",
-        "prefill FFN gate and up projections (fused)",
-    ),
-    ("gemm.down", "prefill FFN down projection"),
-    (
-        "gemm.ple",
-        "prefill per-layer-embedding projections (model_proj, inp_gate, proj)",
-    ),
-    ("gemv.qkv", "decode Q/K/V projection"),
-    ("gemv.o", "decode attention output projection"),
-    ("gemv.gate_up", "decode FFN gate and up projections"),
-    ("gemv.down", "decode FFN down projection"),
-    ("gemv.ple", "decode per-layer-embedding projections"),
-    (
-        "gemv.head",
-        "tied output head (vocab x d) for the rows whose logits are wanted",
-    ),
-    (
-        "attn_prefill.swa",
-        "prefill attention on sliding-window layers",
-    ),
-    ("attn_prefill.full", "prefill attention on full layers"),
-    (
-        "attn_decode.swa",
-        "decode attention on sliding-window layers",
-    ),
-    ("attn_decode.full", "decode attention on full layers"),
-    ("rmsnorm", "sandwich norms, residual adds and layer scalars"),
-    (
-        "qk_norm_rope",
-        "per-head Q/K norms, RoPE, weightless V norm, cache write",
-    ),
-    ("gelu_mul", "gelu_tanh(gate) * up (FFN and PLE gate)"),
-    ("embed", "token embedding gather and scale"),
-    ("ple", "per-layer inputs (E2B/E4B)"),
-    ("softcap", "final logit softcap"),
-    (
-        "quantize_q8_1",
-        "f32 -> Q8_1 activation pre-pass for dp4a/mmq consumers",
-    ),
-    (
-        "act_convert",
-        "f32 -> bf16 operands of the vendor (cuBLAS) GEMM arm",
-    ),
-];
 
 /// A profile as written in its file.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -248,9 +195,7 @@ fn known_slot(name: &str) -> bool {
     }) {
         return false;
     }
-    SLOTS
-        .iter()
-        .any(|(s, _)| *s == base || slot_group(s) == base)
+    Slot::served().any(|s| s.name() == base || s.group() == base)
 }
 
 impl Profile {
@@ -316,7 +261,10 @@ impl Profile {
                 return Err(ProfileError::UnknownSlot {
                     profile: f.name.clone(),
                     slot,
-                    known: SLOTS.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", "),
+                    known: Slot::served()
+                        .map(|s| s.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 });
             }
             p.slots.insert(slot, c);
@@ -355,7 +303,7 @@ impl Profile {
                 next = f.fallback.as_deref();
             }
         }
-        for s in SLOTS.iter().map(|(s, _)| *s) {
+        for s in Slot::served().map(|s| s.name()) {
             p.choice(s)?;
         }
         Ok(p)
@@ -398,8 +346,8 @@ mod tests {
         for (name, _) in BUILTIN {
             let p = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(&p.name, name);
-            for (s, _) in SLOTS {
-                p.choice(s).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for s in Slot::served() {
+                p.choice(s.name()).unwrap_or_else(|e| panic!("{name}: {e}"));
             }
         }
     }

@@ -19,9 +19,10 @@
 //!   `main` holds its bar, and the fp-contract kernels stay within strict's
 //!   1e-4.
 
-use gemtune_engine::cpu::{CpuEngine, CpuOptions, LogitRows, Logits};
+use gemtune_engine::cpu::{CpuEngine, CpuOptions};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
 use gemtune_engine::engine::Engine;
+use gemtune_engine::forward::{LogitRows, Logits};
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;
@@ -333,6 +334,48 @@ fn chunked_prefill_matches_one_shot_prefill() {
     let row = want.row(want.n_rows() - 1);
     let r = rms_rel(dec.row(0), row);
     assert!(r < 1e-4, "prefill+decode vs prefill: {r:.3e}");
+}
+
+/// Everything is decided at load: after `CudaEngine::new`, prefill chunks
+/// of every length (the bucket bounds and the lengths between them),
+/// decode steps (graph and eager) and logits of 1..=8 rows at once make no
+/// planner lookup and load no kernel.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_forward_pass_plans_nothing_after_load() {
+    let m = e2b_shaped();
+    let toks = prompt(&m, 400, 11);
+    for (profile, graph) in [("main", true), ("strict", false), ("flash-swa", true)] {
+        let mut e = cuda(&m, profile, 512, 64, graph);
+        let (lookups, loaded) = (e.planner_lookups(), e.kernels_loaded());
+        assert!(
+            lookups > 0 && loaded > 0,
+            "{profile}: the plan was resolved and loaded at load"
+        );
+        // 64-row chunks (the bound), a 37-row chunk, and rows 1..=8 with
+        // every row's logits (each decode bucket and its head).
+        e.forward(&toks[..128], LogitRows::All)
+            .expect("prefill at the bound");
+        e.forward(&toks[128..165], LogitRows::Last)
+            .expect("a shorter chunk");
+        let mut at = 165;
+        for r in 1..=8 {
+            let l = e.forward(&toks[at..at + r], LogitRows::All).expect("rows");
+            assert_eq!(l.n_rows(), r);
+            at += r;
+        }
+        for &t in &toks[at..at + 16] {
+            e.forward(&[t], LogitRows::Last).expect("decode");
+        }
+        assert_eq!(
+            (e.planner_lookups(), e.kernels_loaded()),
+            (lookups, loaded),
+            "{profile}: a forward pass asked the planner or loaded a kernel after load"
+        );
+        if graph {
+            assert_eq!(e.graph_replays(), 16, "{profile}: decode replays the graph");
+        }
+    }
 }
 
 #[test]

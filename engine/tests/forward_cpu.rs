@@ -4,10 +4,12 @@
 use std::sync::OnceLock;
 
 use gemtune_engine::config::AttnKind;
-use gemtune_engine::cpu::rope::{self, RopeFreqs};
-use gemtune_engine::cpu::{CpuEngine, CpuOptions, ForwardError, LogitRows, Logits};
+use gemtune_engine::cpu::rope;
+use gemtune_engine::cpu::{CpuEngine, CpuOptions};
+use gemtune_engine::forward::{ForwardError, LogitRows, Logits};
 use gemtune_engine::gguf::{GgufFile, GgufValue, GgufWriter};
 use gemtune_engine::model::{MatRef, Model, ModelError};
+use gemtune_engine::rope::RopeFreqs;
 use gemtune_engine::sampler::{Sampler, SamplerConfig};
 use gemtune_engine::synth;
 use gemtune_kernels::oracle::{self, AttnParams};

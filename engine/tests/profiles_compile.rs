@@ -10,7 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use gemtune_engine::cuda::calls::{slot_calls, ModelDims};
+use gemtune_engine::cuda::forward_plan::{ForwardPlan, ModelDims, PlannedLaunch, Sizing};
+use gemtune_engine::cuda::slots::Slot;
 use gemtune_engine::cuda::{Planner, BUILTIN_TUNED, DEFAULT_UBATCH};
 use gemtune_engine::profile::{Profile, BUILTIN};
 use gemtune_engine::synth::{self, SynthVariant, WeightType};
@@ -51,38 +52,30 @@ fn every_profile_compiles_for_every_arch_on_every_model_shape() {
                     let embd = wt.embedding_type(cfg.d_model as u64);
                     let dims = ModelDims::from_config(&cfg, wt.matrix_type(), embd, &planner);
                     let max_seq = 8192.min(cfg.context_length);
-                    let ub = DEFAULT_UBATCH.min(max_seq);
-                    let mut rows: Vec<usize> = (1..=8).collect();
-                    rows.push(ub);
-                    for r in rows {
-                        let calls = slot_calls(&planner, &cfg, &dims, r, max_seq, ub, kv)
-                            .unwrap_or_else(|e| {
-                                panic!("{arch} profile {pname} {} {}: {e}", v.name(), wt.name())
-                            });
-                        for c in calls {
-                            let (fam, d, _) = planner
-                                .resolve(&c.slot, &c.problem, &c.bound)
-                                .unwrap_or_else(|e| {
-                                    panic!(
-                                        "{arch} profile {pname} {} {} rows {r}: {e}",
+                    let sizing = Sizing {
+                        max_seq,
+                        ubatch: DEFAULT_UBATCH.min(max_seq),
+                        kv_type: kv,
+                    };
+                    let plan =
+                        ForwardPlan::resolve(&planner, &cfg, &dims, sizing).unwrap_or_else(|e| {
+                            panic!("{arch} profile {pname} {} {}: {e}", v.name(), wt.name())
+                        });
+                    for l in &plan.launches {
+                        let (fam, d) = (l.res.family, &l.res.defines);
+                        todo.entry((fam.name().to_string(), canonical(d)))
+                            .or_insert_with(|| {
+                                (
+                                    format!(
+                                        "profile {pname}, {} {}, slot {} ({})",
                                         v.name(),
-                                        wt.name()
-                                    )
-                                });
-                            todo.entry((fam.name().to_string(), canonical(&d)))
-                                .or_insert_with(|| {
-                                    (
-                                        format!(
-                                            "profile {pname}, {} {}, slot {} ({})",
-                                            v.name(),
-                                            wt.name(),
-                                            c.slot,
-                                            c.problem.describe()
-                                        ),
-                                        d.clone(),
-                                    )
-                                });
-                        }
+                                        wt.name(),
+                                        l.slot,
+                                        l.problem.describe()
+                                    ),
+                                    d.clone(),
+                                )
+                            });
                     }
                 }
             }
@@ -104,12 +97,12 @@ fn every_profile_compiles_for_every_arch_on_every_model_shape() {
 
 /// Every launch of the synthetic Q8_0 `v` at `rows` rows under `planner`
 /// (cache up to 8192 positions, prefill chunks of `ubatch`).
-fn q8_0_calls(
+fn q8_0_launches(
     planner: &Planner,
     v: SynthVariant,
     rows: usize,
     ubatch: usize,
-) -> Vec<gemtune_engine::cuda::calls::SlotCall> {
+) -> Vec<PlannedLaunch> {
     let cfg = synth::preset(v);
     let wt = WeightType::Q8_0;
     let dims = ModelDims::from_config(
@@ -119,7 +112,19 @@ fn q8_0_calls(
         planner,
     );
     let max_seq = 8192.min(cfg.context_length);
-    slot_calls(planner, &cfg, &dims, rows, max_seq, ubatch, KvType::F16).expect("calls")
+    let sizing = Sizing {
+        max_seq,
+        ubatch,
+        kv_type: KvType::F16,
+    };
+    let plan = ForwardPlan::resolve(planner, &cfg, &dims, sizing).expect("plan");
+    let bucket = plan.bucket(rows).expect("a bucket");
+    assert_eq!(bucket.rows, rows, "{rows} rows is a bucket bound");
+    bucket
+        .launches
+        .iter()
+        .map(|&id| plan.launches[id].clone())
+        .collect()
 }
 
 /// `decode-km`'s full-layer decode slot resolves through its fallback
@@ -132,16 +137,14 @@ fn decode_km_picks_its_full_layer_kernel_by_gqa_group_and_device() {
     let profile = Profile::load("decode-km").expect("profile");
     let served = |v: SynthVariant, arch: u32| -> (i64, i64) {
         let planner = Planner::new(profile.clone(), None, DeviceLimits::for_arch(Arch(arch)));
-        let calls = q8_0_calls(&planner, v, 1, 512);
-        let c = calls
+        let launches = q8_0_launches(&planner, v, 1, 512);
+        let c = launches
             .iter()
-            .find(|c| c.slot == "attn_decode.full")
+            .find(|c| c.slot == Slot::from_name("attn_decode.full").expect("slot"))
             .expect("a full-layer decode call");
-        let (_, d, why) = planner
-            .resolve(&c.slot, &c.problem, &c.bound)
-            .expect("served");
-        let int = |k: &str| gemtune_kernels::defines::get_int(&d, k).expect(k);
-        println!("{} sm_{arch}: {why}", v.name());
+        let d = &c.res.defines;
+        let int = |k: &str| gemtune_kernels::defines::get_int(d, k).expect(k);
+        println!("{} sm_{arch}: {}", v.name(), c.res.why);
         (int("ALGO"), int("BQ"))
     };
     assert_eq!(served(SynthVariant::E4b, 90), (3, 8));
@@ -164,11 +167,11 @@ fn attention_io_follows_the_resolved_variant() {
             None,
             DeviceLimits::for_arch(Arch(arch)),
         );
-        let calls = q8_0_calls(&planner, SynthVariant::E4b, rows, DEFAULT_UBATCH);
+        let launches = q8_0_launches(&planner, SynthVariant::E4b, rows, DEFAULT_UBATCH);
         let bound = |slot: &str, key: &str| {
-            let c = calls
+            let c = launches
                 .iter()
-                .find(|c| c.slot == slot)
+                .find(|c| c.slot.name() == slot)
                 .unwrap_or_else(|| panic!("{profile} sm_{arch}: no {slot} call"));
             c.bound
                 .iter()

@@ -114,6 +114,15 @@ impl Kernel {
         };
         gpu.launch_function(self.func, &geo, args)
     }
+    /// The same function with another geometry (a prefill chunk's grid).
+    pub fn with_geometry(&self, geo: LaunchGeometry) -> Kernel {
+        Kernel {
+            module: self.module.clone(),
+            func: self.func,
+            geo,
+            label: self.label.clone(),
+        }
+    }
     /// The loaded module (other entries of the same cubin, e.g. a pre-pass).
     pub fn module(&self) -> &Arc<Module> {
         &self.module

@@ -37,9 +37,11 @@ use super::attention;
 use super::kv_cache::KvCache;
 use super::matmul::matmul;
 use super::ops;
-use super::rope::{self, RopeFreqs};
+use super::rope;
 use crate::config::AttnKind;
+use crate::forward::{forward_in_chunks, Chunk, ForwardError, LogitRows, Logits, SeqState};
 use crate::model::{MatRef, Model};
+use crate::rope::RopeFreqs;
 
 /// Sizing of an engine's cache and buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,62 +59,6 @@ impl Default for CpuOptions {
             max_batch: 128,
         }
     }
-}
-
-/// Which positions of a `forward` call get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitRows {
-    /// The last token only (generation).
-    Last,
-    /// Every token of the call.
-    All,
-    /// None (feed tokens into the cache only).
-    None,
-}
-
-/// Logits of the requested rows, `[rows][vocab]`, softcapped.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Logits {
-    /// Absolute position of each row.
-    pub positions: Vec<usize>,
-    pub vocab: usize,
-    pub data: Vec<f32>,
-}
-
-impl Logits {
-    pub fn n_rows(&self) -> usize {
-        self.positions.len()
-    }
-    pub fn row(&self, i: usize) -> &[f32] {
-        &self.data[i * self.vocab..(i + 1) * self.vocab]
-    }
-    pub fn last(&self) -> Option<&[f32]> {
-        self.n_rows().checked_sub(1).map(|i| self.row(i))
-    }
-}
-
-/// Errors of a forward call. Input problems are checked before any state
-/// changes.
-#[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
-    #[error("no tokens to process (empty input)")]
-    Empty,
-    #[error(
-        "token id {id} (input index {index}) is out of range: the vocabulary has {vocab} tokens"
-    )]
-    UnknownToken { id: u32, index: usize, vocab: usize },
-    #[error(
-        "{needed} positions are needed but the context holds {max} (model context length {ctx})"
-    )]
-    ContextFull {
-        needed: usize,
-        max: usize,
-        ctx: usize,
-    },
-    #[error("dequantizing weights: {0}")]
-    Quant(#[from] QuantError),
-    #[error("model config cannot run: {0}")]
-    Config(String),
 }
 
 /// Per-layer activations recorded for tests and debugging.
@@ -253,17 +199,10 @@ impl<'m> CpuEngine<'m> {
                 }
             }
         }
-        let compact_at = (0..=cfg.n_layers)
-            .rev()
-            .take_while(|&l| l == cfg.n_layers || !cfg.layers[l].owns_kv())
-            .last()
-            .unwrap_or(cfg.n_layers);
+        let compact_at = cfg.compact_from();
 
-        let d = cfg.d_model;
-        let qmax = cfg.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
-        let kvmax = cfg.layers.iter().map(|l| l.kv_dim()).max().unwrap_or(0);
-        let ffmax = cfg.layers.iter().map(|l| l.ffn_dim).max().unwrap_or(0);
-        let lp = cfg.n_layers * cfg.ple_dim;
+        let w = cfg.act_widths();
+        let (d, qmax, kvmax, ffmax, lp) = (w.d, w.q, w.kv, w.ffn, w.ple_all);
         let rope_swa = RopeFreqs::new(&cfg.rope_swa);
         let rope_full = RopeFreqs::new(&cfg.rope_full);
         let mb = max_batch;
@@ -342,60 +281,33 @@ impl<'m> CpuEngine<'m> {
     }
 
     /// Run `tokens` at positions `position() ..`, append their K/V and return
-    /// the logits of `rows`.
+    /// the logits of `rows` (the input checks and the chunk loop are
+    /// `forward::forward_in_chunks`, shared with the CUDA engine).
     pub fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits, ForwardError> {
-        let vocab = self.model.vocab_size();
-        if tokens.is_empty() {
-            return Err(ForwardError::Empty);
-        }
-        if let Some((index, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab)
-        {
-            return Err(ForwardError::UnknownToken { id, index, vocab });
-        }
-        let needed = self.pos + tokens.len();
-        if needed > self.max_seq {
-            return Err(ForwardError::ContextFull {
-                needed,
-                max: self.max_seq,
-                ctx: self.model.config().context_length,
-            });
-        }
-        let n = tokens.len();
-        let wanted: Vec<usize> = match rows {
-            LogitRows::Last => vec![n - 1],
-            LogitRows::All => (0..n).collect(),
-            LogitRows::None => Vec::new(),
+        let st = SeqState {
+            position: self.pos,
+            max_seq: self.max_seq,
+            context_length: self.model.config().context_length,
+            chunk: self.max_batch,
+            vocab: self.model.vocab_size(),
         };
-        let pos_start = self.pos;
-        let mut data = vec![0.0f32; wanted.len() * vocab];
-        let mut done = 0;
-        let mut c0 = 0;
-        while c0 < n {
-            let c1 = (c0 + self.max_batch).min(n);
-            self.s.keep.clear();
-            self.s.keep.extend(
-                wanted
-                    .iter()
-                    .filter(|&&i| i >= c0 && i < c1)
-                    .map(|&i| i - c0),
-            );
-            self.run_batch(&tokens[c0..c1])?;
-            let k = self.s.keep.len();
-            if k > 0 {
-                self.head(k, &mut data[done * vocab..(done + k) * vocab])?;
-            }
-            done += k;
-            self.pos += c1 - c0;
-            c0 = c1;
+        forward_in_chunks(st, tokens, rows, |c, out| self.run_chunk(c, out))
+    }
+
+    /// One batch of at most `max_batch` checked tokens at `position()`: runs
+    /// every layer, appends the K/V, advances the position and writes the
+    /// logits of the `keep` rows to `out`.
+    pub fn run_chunk(&mut self, chunk: Chunk<'_>, out: &mut [f32]) -> Result<(), ForwardError> {
+        debug_assert_eq!(chunk.pos, self.pos);
+        self.s.keep.clear();
+        self.s.keep.extend_from_slice(chunk.keep);
+        self.run_batch(chunk.tokens)?;
+        let k = self.s.keep.len();
+        if k > 0 {
+            self.head(k, out)?;
         }
-        Ok(Logits {
-            positions: wanted.iter().map(|&i| pos_start + i).collect(),
-            vocab,
-            data,
-        })
+        self.pos += chunk.tokens.len();
+        Ok(())
     }
 
     /// Final norm, tied head and softcap for the first `k` rows of `x`.

@@ -145,12 +145,7 @@ impl KvCache {
             .iter()
             .map(|l| {
                 l.owns_kv().then(|| {
-                    let cap = match l.kind {
-                        AttnKind::Full => max_seq,
-                        AttnKind::Sliding => {
-                            (cfg.sliding_window.max(1) + max_batch - 1).min(max_seq)
-                        }
-                    };
+                    let cap = cfg.cache_capacity(l.index, max_seq, max_batch);
                     LayerKv::new(l.kind, l.n_kv_heads, l.head_dim, cap)
                 })
             })

@@ -5,7 +5,7 @@
 //!   for KV-shared layers.
 //! - `attention`: masked (causal / sliding-window) GQA attention over a cache.
 //! - `matmul`: rayon-parallel quantized matmul.
-//! - `rope`: NeoX RoPE tables with frequency factors.
+//! - `rope`: NeoX RoPE rotation with the shared frequencies (`crate::rope`).
 //! - `ops`: RMSNorm, GELU, softcap, dot products.
 
 pub mod attention;
@@ -15,5 +15,5 @@ pub mod matmul;
 pub mod ops;
 pub mod rope;
 
-pub use forward::{CpuEngine, CpuOptions, ForwardError, LayerTrace, LogitRows, Logits, Trace};
+pub use forward::{CpuEngine, CpuOptions, LayerTrace, Trace};
 pub use kv_cache::{KvCache, LayerKv};

@@ -2,9 +2,10 @@
 //!
 //! Numerics (the contract the CUDA engine is judged against):
 //! - RMSNorm accumulates the sum of squares in f64 and applies the scale in
-//!   f64 before rounding to f32, the same contract as `kernels::oracle::rms_norm`.
-//! - GELU (tanh form) and the softcap are evaluated in f64 and rounded to
-//!   f32, the contract of `kernels::oracle::{gelu_tanh, softcap}`.
+//!   f64 before rounding to f32: the scale is `kernels::oracle::rms_inv`.
+//! - GELU (tanh form) and the softcap are the oracle's own
+//!   (`kernels::oracle::{gelu_tanh, softcap}`), evaluated in f64 and rounded
+//!   to f32.
 //! - `dot` is an f32 dot with eight independent partial sums (so the compiler
 //!   vectorises it), used by the attention scores; its error is
 //!   that of f32 accumulation over the row, ~1e-7·√n relative.
@@ -30,11 +31,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s0 + s1
 }
 
-/// `1 / sqrt(mean(x²) + eps)` with an f64 accumulator.
+pub use gemtune_kernels::oracle::{gelu_tanh, softcap};
+
+/// `1 / sqrt(mean(x²) + eps)` with an f64 accumulator (the oracle's).
 #[inline]
 fn rms_scale(x: &[f32], eps: f32) -> f64 {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    1.0 / (ss / x.len() as f64 + eps as f64).sqrt()
+    gemtune_kernels::oracle::rms_inv(x, eps)
 }
 
 /// In-place RMSNorm: `x = x · (mean(x²) + eps)^(-1/2) · w` (no `1 + w`).
@@ -72,21 +74,6 @@ pub fn add_rms_normed(h: &mut [f32], y: &[f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, in f64.
-#[inline]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const C: f64 = 0.797_884_560_802_865_4; // √(2/π)
-    let x = x as f64;
-    (0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())) as f32
-}
-
-/// `cap · tanh(x / cap)`, in f64.
-#[inline]
-pub fn softcap(x: f32, cap: f32) -> f32 {
-    let c = cap as f64;
-    (c * (x as f64 / c).tanh()) as f32
-}
-
 /// `gate = gelu_tanh(gate) ⊙ other`, element-wise.
 pub fn gelu_mul(gate: &mut [f32], other: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(other) {
@@ -107,22 +94,12 @@ mod tests {
     use gemtune_kernels::oracle;
 
     #[test]
-    fn gelu_and_softcap_match_the_oracle() {
-        for i in -200..200 {
-            let x = i as f32 * 0.173;
-            assert!(
-                (gelu_tanh(x) - oracle::gelu_tanh(x)).abs() <= 1e-6 * x.abs().max(1.0),
-                "gelu({x})"
-            );
-            let y = x * 20.0;
-            assert!(
-                (softcap(y, 30.0) - oracle::softcap(y, 30.0)).abs() <= 1e-5,
-                "softcap({y})"
-            );
-        }
+    fn gelu_and_softcap_values() {
         assert_eq!(gelu_tanh(0.0), 0.0);
         assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-6);
+        assert!((gelu_tanh(-3.0) + 0.003_637_4).abs() < 1e-6);
         assert!((softcap(30.0, 30.0) - 30.0 * 1f32.tanh()).abs() < 1e-5);
+        assert!((softcap(1e6, 30.0) - 30.0).abs() < 1e-5);
     }
 
     #[test]
@@ -141,14 +118,12 @@ mod tests {
         oracle::rms_norm(&x, Some(&w), 1e-6, &mut want);
         let mut got = x.clone();
         rms_norm_inplace(&mut got, Some(&w), 1e-6);
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
-        }
+        // One definition of the scale: the results are bit-identical.
+        assert_eq!(got, want);
         oracle::rms_norm(&x, None, 1e-6, &mut want);
         let mut got = x.clone();
         rms_norm_inplace(&mut got, None, 1e-6);
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
-        }
+        // One definition of the scale: the results are bit-identical.
+        assert_eq!(got, want);
     }
 }

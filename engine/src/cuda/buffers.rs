@@ -46,9 +46,10 @@ pub struct Buffers {
 }
 
 /// Most rows the head runs at once (the GEMV's token limit).
-pub const HEAD_ROWS: usize = 8;
+pub const HEAD_ROWS: usize = super::slots::GEMV_MAX_ROWS;
 
 impl Buffers {
+    /// Buffers for chunks of `rows` rows (sized by `Buffers::bytes_for`).
     pub fn new(
         gpu: &Gpu,
         cfg: &Gemma4Config,
@@ -56,37 +57,33 @@ impl Buffers {
         rows: usize,
         attn_scratch_bytes: usize,
     ) -> Result<Buffers, GpuError> {
-        let d = cfg.d_model;
-        let qmax = cfg.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
-        let qkvmax = cfg
-            .layers
-            .iter()
-            .map(|l| l.q_dim() + 2 * l.kv_dim())
-            .max()
-            .unwrap_or(0);
-        let ffmax = cfg.layers.iter().map(|l| l.ffn_dim).max().unwrap_or(0);
-        let lp = cfg.n_layers * cfg.ple_dim;
-        let widest = d.max(qmax).max(ffmax).max(cfg.ple_dim).max(32);
-        let f = |n: usize| gpu.alloc(4 * n.max(1));
+        let s = Sizes::of(cfg, vocab, rows, attn_scratch_bytes);
+        let a = |n: usize| gpu.alloc(n);
         Ok(Buffers {
-            tokens: f(rows)?,
-            pos: f(4)?,
-            x: f(rows * d)?,
-            act: f(rows * widest)?,
-            act_scales: gpu.alloc(rows * widest.div_ceil(32) * 8)?,
-            act16: gpu.alloc(rows * widest * 2)?,
-            qkv: f(rows * qkvmax)?,
-            q: f(rows * qmax)?,
-            o: f(rows * qmax)?,
-            y: f(rows * d)?,
-            gu: f(rows * 2 * ffmax)?,
-            h: f(rows * ffmax)?,
-            ple_proj: f(rows * lp)?,
-            ple: f(rows * lp)?,
-            pg: f(rows * cfg.ple_dim)?,
-            logits: f(HEAD_ROWS * vocab)?,
-            attn_scratch: gpu.alloc(attn_scratch_bytes.max(16))?,
+            tokens: a(s.tokens)?,
+            pos: a(s.pos)?,
+            x: a(s.x)?,
+            act: a(s.act)?,
+            act_scales: a(s.act_scales)?,
+            act16: a(s.act16)?,
+            qkv: a(s.qkv)?,
+            q: a(s.q)?,
+            o: a(s.o)?,
+            y: a(s.y)?,
+            gu: a(s.gu)?,
+            h: a(s.h)?,
+            ple_proj: a(s.ple_proj)?,
+            ple: a(s.ple)?,
+            pg: a(s.pg)?,
+            logits: a(s.logits)?,
+            attn_scratch: a(s.attn_scratch)?,
         })
+    }
+
+    /// Bytes `new` allocates for these sizes (the fit check before any
+    /// allocation).
+    pub fn bytes_for(cfg: &Gemma4Config, vocab: usize, rows: usize, attn_scratch: usize) -> u64 {
+        Sizes::of(cfg, vocab, rows, attn_scratch).total()
     }
 
     pub fn bytes(&self) -> u64 {
@@ -111,6 +108,79 @@ impl Buffers {
         ]
         .iter()
         .map(|b| b.bytes() as u64)
+        .sum()
+    }
+}
+
+/// Bytes of every buffer: the one sizing `new` and `bytes_for` share, from
+/// the model's activation widths (`Gemma4Config::act_widths`).
+struct Sizes {
+    tokens: usize,
+    pos: usize,
+    x: usize,
+    act: usize,
+    act_scales: usize,
+    act16: usize,
+    qkv: usize,
+    q: usize,
+    o: usize,
+    y: usize,
+    gu: usize,
+    h: usize,
+    ple_proj: usize,
+    ple: usize,
+    pg: usize,
+    logits: usize,
+    attn_scratch: usize,
+}
+
+impl Sizes {
+    fn of(cfg: &Gemma4Config, vocab: usize, rows: usize, attn_scratch: usize) -> Sizes {
+        let w = cfg.act_widths();
+        let widest = w.widest_input();
+        let f = |n: usize| 4 * n.max(1);
+        Sizes {
+            tokens: f(rows),
+            pos: f(4),
+            x: f(rows * w.d),
+            act: f(rows * widest),
+            act_scales: (rows * widest.div_ceil(32) * 8).max(1),
+            act16: (rows * widest * 2).max(1),
+            qkv: f(rows * w.qkv),
+            q: f(rows * w.q),
+            o: f(rows * w.q),
+            y: f(rows * w.d),
+            gu: f(rows * 2 * w.ffn),
+            h: f(rows * w.ffn),
+            ple_proj: f(rows * w.ple_all),
+            ple: f(rows * w.ple_all),
+            pg: f(rows * w.ple),
+            logits: f(HEAD_ROWS * vocab),
+            attn_scratch: attn_scratch.max(16),
+        }
+    }
+    fn total(&self) -> u64 {
+        [
+            self.tokens,
+            self.pos,
+            self.x,
+            self.act,
+            self.act_scales,
+            self.act16,
+            self.qkv,
+            self.q,
+            self.o,
+            self.y,
+            self.gu,
+            self.h,
+            self.ple_proj,
+            self.ple,
+            self.pg,
+            self.logits,
+            self.attn_scratch,
+        ]
+        .iter()
+        .map(|&b| b as u64)
         .sum()
     }
 }

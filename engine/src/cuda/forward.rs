@@ -1,520 +1,22 @@
-//! The forward pass of `CudaEngine`, stage by stage as in `cpu::forward`:
-//! `embed`, `per_layer_inputs`, then per layer `attention_block`,
-//! `ffn_block` and `ple_injection` (which also applies the layer scalar and
-//! the next layer's input norm), and `head`.
+//! The CUDA engine's chunk loop: one chunk of at most `ubatch` tokens
+//! through the stages of its bucket's plan, the carried rows compacted to
+//! the last one from the first layer that writes no cache, the head on the
+//! rows whose logits are wanted; single-token decode steps replay one
+//! captured CUDA graph. The input checks and the cutting into chunks are
+//! the engine trait's (`crate::forward`), shared with the CPU engine.
 
-use gemtune_kernels::bind::matmul::MatmulBinding;
-use gemtune_kernels::bind::{Act, ActFormat};
-use gemtune_kernels::family::{KvType, Problem};
-use gemtune_kernels::gpu::{Gpu, GpuError};
-use gemtune_kernels::quant::GgmlType;
+use gemtune_kernels::runtime::Kernel;
 
-use super::launch;
-use super::weights::{self, upload_matrix, upload_table, GpuMatrix, Layouts};
-use super::{dev, plan_err, CudaEngine, DeviceWeights, LayerWeights, Planner};
-use crate::config::{AttnKind, Gemma4Config};
-use crate::cpu::rope::RopeFreqs;
-use crate::cpu::{ForwardError, LogitRows, Logits};
-use crate::engine::EngineError;
-use crate::model::{MatRef, Model};
-
-/// Token counts served by the decode GEMV slots (`gemv.*`); more go to the
-/// prefill GEMM slots (`gemm.*`).
-pub const GEMV_MAX_ROWS: usize = 8;
-
-/// The projection kinds, each a `gemm.<kind>` and a `gemv.<kind>` slot.
-pub(super) const KINDS: &[&str] = &["qkv", "o", "gate_up", "down", "ple", "head"];
-
-/// The layouts each projection kind's matrices need, from the bindings of
-/// the variants serving its slots at the token counts the engine runs.
-pub(super) struct KindLayouts {
-    pub by_kind: Vec<(&'static str, Layouts)>,
-    /// The tied head reads `token_embd`'s Q6_K blocks, the embedding
-    /// table's device copy (`calls::head_type`): no copy of its own.
-    pub head_native: bool,
-}
-
-impl KindLayouts {
-    fn get(&self, kind: &str) -> Layouts {
-        self.by_kind
-            .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, l)| *l)
-            .unwrap_or_default()
-    }
-}
-
-/// A representative matrix of each kind (for planning before upload), with
-/// the weight type its kernels read.
-fn kind_matrix(planner: &Planner, model: &Model, kind: &str) -> Option<(usize, usize, GgmlType)> {
-    let w = model.weights();
-    let l0 = w.layers.first()?;
-    let dims = |m: &MatRef| (m.n_out, m.n_in, weights::device_type(m.ty).ggml());
-    Some(match kind {
-        "qkv" => dims(&l0.attn_q),
-        "o" => dims(&l0.attn_output),
-        "gate_up" => {
-            let (n, k, t) = dims(&l0.ffn_gate);
-            (2 * n, k, t)
-        }
-        "down" => dims(&l0.ffn_down),
-        "ple" => dims(&w.ple.as_ref()?.model_proj),
-        "head" => {
-            let t = &w.token_embd;
-            (
-                t.n_out,
-                t.n_in,
-                super::calls::head_type(planner, t.ty, t.n_out, t.n_in),
-            )
-        }
-        _ => return None,
-    })
-}
-
-pub(super) fn plan_layouts(
-    planner: &Planner,
-    cfg: &Gemma4Config,
-    model: &Model,
-    ubatch: usize,
-) -> Result<KindLayouts, super::PlanError> {
-    let _ = cfg;
-    let mut by_kind = Vec::new();
-    let mut head_native = false;
-    for &kind in KINDS {
-        let mut l = Layouts::default();
-        if let Some((n, k, t)) = kind_matrix(planner, model, kind) {
-            if kind == "head" {
-                head_native = t == GgmlType::Q6K;
-            }
-            let mut ms: Vec<usize> = (1..=GEMV_MAX_ROWS).collect();
-            if kind != "head" {
-                ms.extend([16, 64, 512, 2048, 4096, ubatch]);
-            }
-            for m in ms {
-                let slot = slot_for(kind, m);
-                if planner.vendor(&slot) {
-                    l.bf16 = true;
-                    continue;
-                }
-                let pm = planner.plan_rows(&slot, m);
-                let (fam, defines, _) =
-                    planner.resolve(&slot, &Problem::matmul(pm, n, k, t), &[])?;
-                let b = MatmulBinding::of(fam.name(), &defines).map_err(|msg| {
-                    super::PlanError::Slot {
-                        slot: slot.clone(),
-                        msg,
-                    }
-                })?;
-                l.add(b.layout);
-            }
-        }
-        by_kind.push((kind, l));
-    }
-    Ok(KindLayouts {
-        by_kind,
-        head_native,
-    })
-}
-
-pub(super) fn slot_for(kind: &str, m: usize) -> String {
-    if kind == "head" {
-        "gemv.head".into()
-    } else if m <= GEMV_MAX_ROWS {
-        format!("gemv.{kind}")
-    } else {
-        format!("gemm.{kind}")
-    }
-}
-
-/// Device bytes the engine will allocate (the fit check).
-pub(super) fn planned_bytes(
-    cfg: &Gemma4Config,
-    model: &Model,
-    lay: &KindLayouts,
-    max_seq: usize,
-    ubatch: usize,
-    kv: KvType,
-) -> u64 {
-    let w = model.weights();
-    let mut b = 0u64;
-    let mat = |m: &MatRef, kind: &str| weights::planned_bytes(m.ty, m.n_out, m.n_in, lay.get(kind));
-    for lw in &w.layers {
-        b += mat(&lw.attn_q, "qkv");
-        if let Some(k) = &lw.attn_k {
-            b += mat(k, "qkv");
-        }
-        if let Some(v) = &lw.attn_v {
-            b += mat(v, "qkv");
-        }
-        b += mat(&lw.attn_output, "o");
-        b += mat(&lw.ffn_gate, "gate_up") + mat(&lw.ffn_up, "gate_up");
-        b += mat(&lw.ffn_down, "down");
-        if let Some(p) = &lw.ple {
-            b += mat(&p.inp_gate, "ple") + mat(&p.proj, "ple");
-        }
-    }
-    b += model.mat_bytes(&w.token_embd).len() as u64;
-    if !lay.head_native {
-        b += mat(&w.token_embd, "head");
-    }
-    if let Some(p) = &w.ple {
-        b += model.mat_bytes(&p.token_embd).len() as u64 + mat(&p.model_proj, "ple");
-    }
-    b += super::kv_cache::cache_bytes(cfg, max_seq, ubatch, kv);
-    // Activation buffers, with a margin for the driver's own allocations.
-    let d = cfg.d_model as u64;
-    let ff = cfg.layers.iter().map(|l| l.ffn_dim).max().unwrap_or(0) as u64;
-    let q = cfg
-        .layers
-        .iter()
-        .map(|l| l.q_dim() + 2 * l.kv_dim())
-        .max()
-        .unwrap_or(0) as u64;
-    let lp = (cfg.n_layers * cfg.ple_dim) as u64;
-    let u = ubatch as u64;
-    b += 4 * u * (3 * d + 4 * ff + 3 * q + 2 * lp) + 64 * model.vocab_size() as u64;
-    b + (256 << 20)
-}
-
-fn f32_buf(gpu: &Gpu, v: &[f32]) -> Result<gemtune_kernels::gpu::DeviceBuffer, GpuError> {
-    gpu.upload(v)
-}
-
-/// The inverse frequencies of a layer kind in f64 (`cpu::rope::RopeFreqs`,
-/// the values the CPU engine rotates with).
-fn rope_table(
-    gpu: &Gpu,
-    cfg: &Gemma4Config,
-    kind: AttnKind,
-) -> Result<gemtune_kernels::gpu::DeviceBuffer, GpuError> {
-    let f = RopeFreqs::new(cfg.rope(kind));
-    gpu.upload(&f.inv_freq)
-}
-
-pub(super) fn upload_weights(
-    gpu: &Gpu,
-    model: &Model,
-    lay: &KindLayouts,
-) -> Result<DeviceWeights, GpuError> {
-    let cfg = model.config();
-    let w = model.weights();
-    let mut layers = Vec::with_capacity(cfg.n_layers);
-    let mut converted = Vec::new();
-    let mut note = |m: &GpuMatrix| {
-        if !m.converted_from.is_empty() {
-            converted.push(format!(
-                "{} ({}) -> {} planes",
-                m.name,
-                m.converted_from
-                    .iter()
-                    .map(|t| t.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                m.wtype.ggml().name()
-            ));
-        }
-    };
-    for (i, lw) in w.layers.iter().enumerate() {
-        let mut qkv_parts: Vec<&MatRef> = vec![&lw.attn_q];
-        if let Some(k) = &lw.attn_k {
-            qkv_parts.push(k);
-            if let Some(v) = &lw.attn_v {
-                qkv_parts.push(v);
-            }
-        }
-        let qkv = upload_matrix(
-            gpu,
-            model,
-            &format!("blk.{i}.attn_qkv"),
-            &qkv_parts,
-            lay.get("qkv"),
-        )?;
-        note(&qkv);
-        let o = upload_matrix(
-            gpu,
-            model,
-            &lw.attn_output.name,
-            &[&lw.attn_output],
-            lay.get("o"),
-        )?;
-        note(&o);
-        let gate_up = upload_matrix(
-            gpu,
-            model,
-            &format!("blk.{i}.ffn_gate_up"),
-            &[&lw.ffn_gate, &lw.ffn_up],
-            lay.get("gate_up"),
-        )?;
-        note(&gate_up);
-        let down = upload_matrix(
-            gpu,
-            model,
-            &lw.ffn_down.name,
-            &[&lw.ffn_down],
-            lay.get("down"),
-        )?;
-        note(&down);
-        let (ple_gate, ple_proj, ple_post_norm) = match &lw.ple {
-            Some(p) => {
-                let g =
-                    upload_matrix(gpu, model, &p.inp_gate.name, &[&p.inp_gate], lay.get("ple"))?;
-                let pr = upload_matrix(gpu, model, &p.proj.name, &[&p.proj], lay.get("ple"))?;
-                note(&g);
-                note(&pr);
-                (Some(g), Some(pr), Some(f32_buf(gpu, &p.post_norm)?))
-            }
-            None => (None, None, None),
-        };
-        layers.push(LayerWeights {
-            qkv,
-            o,
-            gate_up,
-            down,
-            ple_gate,
-            ple_proj,
-            attn_norm: f32_buf(gpu, &lw.attn_norm)?,
-            q_norm: f32_buf(gpu, &lw.attn_q_norm)?,
-            k_norm: lw
-                .attn_k_norm
-                .as_deref()
-                .map(|v| f32_buf(gpu, v))
-                .transpose()?,
-            post_attn_norm: f32_buf(gpu, &lw.post_attention_norm)?,
-            ffn_norm: f32_buf(gpu, &lw.ffn_norm)?,
-            post_ffw_norm: f32_buf(gpu, &lw.post_ffw_norm)?,
-            ple_post_norm,
-        });
-    }
-    let embd = upload_table(gpu, model, &w.token_embd, launch::EMBED_TYPES)?;
-    let head = if lay.head_native {
-        if embd.ty != GgmlType::Q6K {
-            return Err(GpuError::Other(format!(
-                "token_embd: the head was planned on Q6_K blocks, the table is {}",
-                embd.ty.name()
-            )));
-        }
-        GpuMatrix::shared_blocks(
-            "token_embd (head)",
-            w.token_embd.n_out,
-            w.token_embd.n_in,
-            gemtune_kernels::family::WType::Q6K,
-            embd.buf.clone(),
-        )?
-    } else {
-        upload_matrix(
-            gpu,
-            model,
-            "token_embd (head)",
-            &[&w.token_embd],
-            lay.get("head"),
-        )?
-    };
-    note(&head);
-    let (ple_table, ple_model_proj, ple_proj_norm) = match &w.ple {
-        Some(p) => {
-            let mp = upload_matrix(
-                gpu,
-                model,
-                &p.model_proj.name,
-                &[&p.model_proj],
-                lay.get("ple"),
-            )?;
-            note(&mp);
-            (
-                Some(upload_table(
-                    gpu,
-                    model,
-                    &p.token_embd,
-                    launch::EMBED_TYPES,
-                )?),
-                Some(mp),
-                Some(f32_buf(gpu, &p.proj_norm)?),
-            )
-        }
-        None => (None, None, None),
-    };
-    let scales: Vec<f32> = w.layers.iter().map(|l| l.layer_scale).collect();
-    let mut bytes: u64 = layers
-        .iter()
-        .map(|l| {
-            l.qkv.bytes()
-                + l.o.bytes()
-                + l.gate_up.bytes()
-                + l.down.bytes()
-                + l.ple_gate.as_ref().map(|m| m.bytes()).unwrap_or(0)
-                + l.ple_proj.as_ref().map(|m| m.bytes()).unwrap_or(0)
-        })
-        .sum();
-    bytes += embd.buf.bytes() as u64 + head.bytes();
-    bytes += ple_table
-        .as_ref()
-        .map(|t| t.buf.bytes() as u64)
-        .unwrap_or(0);
-    bytes += ple_model_proj.as_ref().map(|m| m.bytes()).unwrap_or(0);
-    let bf16_bytes = layers
-        .iter()
-        .map(|l| {
-            l.qkv.bf16_bytes() + l.o.bf16_bytes() + l.gate_up.bf16_bytes() + l.down.bf16_bytes()
-        })
-        .sum::<u64>()
-        + ple_model_proj.as_ref().map(|m| m.bf16_bytes()).unwrap_or(0);
-    Ok(DeviceWeights {
-        layers,
-        embd,
-        head,
-        output_norm: f32_buf(gpu, &w.output_norm)?,
-        ple_table,
-        ple_model_proj,
-        ple_proj_norm,
-        layer_scales: f32_buf(gpu, &scales)?,
-        rope_swa: rope_table(gpu, cfg, AttnKind::Sliding)?,
-        rope_full: rope_table(gpu, cfg, AttnKind::Full)?,
-        bytes,
-        bf16_bytes,
-        converted,
-    })
-}
-
-/// Where a chunk's rows stand in the layer loop.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Rows {
-    /// Rows carried.
-    pub n: usize,
-    /// Index into the device `pos` array of the first row's position.
-    pub pos_slot: usize,
-    /// Host copy of that position.
-    pub pos0: usize,
-}
+use super::buffers::HEAD_ROWS;
+use super::engine::{dev, plan_err, CudaEngine};
+use super::forward_plan::BucketPlan;
+use super::phases::Phases;
+use super::stages::Rows;
+use crate::engine::{Engine, EngineError, PhaseTimes};
+use crate::forward::Chunk;
+use crate::model::Model;
 
 impl CudaEngine<'_> {
-    /// The shapes the forward's launches depend on, from the uploaded
-    /// weights.
-    pub(super) fn dims(&self) -> super::calls::ModelDims {
-        let dim = |m: &GpuMatrix| (m.n, m.k, m.wtype.ggml());
-        super::calls::ModelDims {
-            layers: self
-                .w
-                .layers
-                .iter()
-                .map(|l| super::calls::LayerDims {
-                    qkv: dim(&l.qkv),
-                    o: dim(&l.o),
-                    gate_up: dim(&l.gate_up),
-                    down: dim(&l.down),
-                    ple: l
-                        .ple_gate
-                        .as_ref()
-                        .zip(l.ple_proj.as_ref())
-                        .map(|(g, p)| (dim(g), dim(p))),
-                })
-                .collect(),
-            head: dim(&self.w.head),
-            ple_model_proj: self.w.ple_model_proj.as_ref().map(dim),
-            embd_type: self.w.embd.ty,
-            ple_type: self.w.ple_table.as_ref().map(|t| t.ty),
-            vocab: self.model.vocab_size(),
-        }
-    }
-
-    /// Plans every slot the engine launches at `r` rows.
-    pub(super) fn plan_rows(&self, r: usize) -> Result<(), EngineError> {
-        let cfg = self.model.config();
-        let calls = super::calls::slot_calls(
-            &self.planner,
-            cfg,
-            &self.dims(),
-            r,
-            self.max_seq,
-            self.ubatch,
-            self.kv.kv_type,
-        )
-        .map_err(plan_err)?;
-        for c in calls {
-            self.planner
-                .plan(&self.gpu, &c.slot, &c.problem, &c.bound)
-                .map_err(plan_err)?;
-        }
-        Ok(())
-    }
-
-    pub(super) fn forward_impl(
-        &mut self,
-        tokens: &[u32],
-        rows: LogitRows,
-    ) -> Result<Logits, EngineError> {
-        let vocab = self.model.vocab_size();
-        if tokens.is_empty() {
-            return Err(ForwardError::Empty.into());
-        }
-        if let Some((index, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab)
-        {
-            return Err(ForwardError::UnknownToken { id, index, vocab }.into());
-        }
-        let needed = self.pos + tokens.len();
-        if needed > self.max_seq {
-            return Err(ForwardError::ContextFull {
-                needed,
-                max: self.max_seq,
-                ctx: self.model.config().context_length,
-            }
-            .into());
-        }
-        let n = tokens.len();
-        let wanted: Vec<usize> = match rows {
-            LogitRows::Last => vec![n - 1],
-            LogitRows::All => (0..n).collect(),
-            LogitRows::None => Vec::new(),
-        };
-        let pos_start = self.pos;
-        let mut data = vec![0.0f32; wanted.len() * vocab];
-        let mut done = 0;
-        let mut c0 = 0;
-        while c0 < n {
-            let c1 = (c0 + self.ubatch).min(n);
-            let keep: Vec<usize> = wanted
-                .iter()
-                .filter(|&&i| i >= c0 && i < c1)
-                .map(|&i| i - c0)
-                .collect();
-            let chunk = &tokens[c0..c1];
-            let k = keep.len();
-            if chunk.len() == 1
-                && k == 1
-                && self.use_graph
-                && self.phases.borrow().is_none()
-                && self.trace.is_none()
-            {
-                self.decode_graph(chunk[0])?;
-                self.read_logits(1, &mut data[done * vocab..(done + 1) * vocab])?;
-            } else if let Some(rows) = self.run_chunk(chunk, &keep)? {
-                // The head runs at most HEAD_ROWS rows per pass.
-                let mut r0 = 0;
-                while r0 < rows.n {
-                    let r = (rows.n - r0).min(super::buffers::HEAD_ROWS);
-                    self.mark("head")?;
-                    launch::head(self, rows, r0, r)?;
-                    let at = (done + r0) * vocab;
-                    self.read_logits(r, &mut data[at..at + r * vocab])?;
-                    r0 += r;
-                }
-            }
-            if let Some(p) = self.phases.get_mut().as_mut() {
-                p.collect(&self.gpu).map_err(dev)?;
-            }
-            done += k;
-            self.pos += c1 - c0;
-            c0 = c1;
-        }
-        Ok(Logits {
-            positions: wanted.iter().map(|&i| pos_start + i).collect(),
-            vocab,
-            data,
-        })
-    }
-
     /// Writes the chunk's tokens and positions into device memory. The
     /// staging buffer is page-locked and rewritten only after the previous
     /// call synchronized, so the asynchronous copies never race it.
@@ -537,61 +39,90 @@ impl CudaEngine<'_> {
             .map_err(dev)
     }
 
-    /// One chunk of at most `ubatch` tokens at `self.pos`; `keep` lists the
-    /// chunk rows whose logits are wanted (ascending). Returns the rows left
-    /// in `x` for the head (None when no logits are wanted).
-    fn run_chunk(&mut self, tokens: &[u32], keep: &[usize]) -> Result<Option<Rows>, EngineError> {
+    /// Makes `self.regridded` hold the kernels of the prefill bucket serving
+    /// `t` rows at `t` rows' grids, unless `t` is the bucket's bound (then
+    /// the loaded kernels serve as they are). Derived once per new chunk
+    /// length: the variants stay the planned ones.
+    fn regrid(&mut self, t: usize) -> Result<(), EngineError> {
+        let b = self.bucket(t)?;
+        if b.rows == t || self.regridded.as_ref().is_some_and(|(r, _)| *r == t) {
+            return Ok(());
+        }
+        let ks = self
+            .plan
+            .kernels_at(&self.kernels, b, t)
+            .map_err(plan_err)?;
+        self.regridded = Some((t, ks));
+        Ok(())
+    }
+
+    /// The kernels a chunk of `t` rows launches (after `regrid`).
+    fn kernels_for(&self, t: usize, b: &BucketPlan) -> &[Kernel] {
+        match &self.regridded {
+            Some((r, ks)) if *r == t && b.rows != t => ks,
+            _ => &self.kernels.kernels,
+        }
+    }
+
+    /// One chunk at `self.pos`; `keep` lists the chunk rows whose logits
+    /// are wanted (ascending). Returns the rows left in `x` for the head
+    /// (None when no logits are wanted).
+    fn run_layers(&mut self, tokens: &[u32], keep: &[usize]) -> Result<Option<Rows>, EngineError> {
         let t = tokens.len();
         let carried_last = keep.len() == 1 && keep[0] == t - 1 && t > 1;
         let pos1 = self.pos + if carried_last { t - 1 } else { 0 };
         self.upload_inputs(tokens, pos1)?;
-        self.mark("embed")?;
-        launch::embed(self, t)?;
-        if self.w.ple_table.is_some() {
-            self.mark("ple")?;
-            launch::per_layer_inputs(self, t)?;
-        }
-        let cfg = self.model.config();
+        self.regrid(t)?;
+        let n_layers = self.model.config().n_layers;
+        let compact_from = self.plan.compact_from;
+        let full = self.bucket(t)?;
+        let k = self.kernels_for(t, full);
+        self.embed(k, full, t)?;
+        self.per_layer_inputs(k, full, t)?;
         let mut rows = Rows {
             n: t,
             pos_slot: 0,
             pos0: self.pos,
         };
-        let n_layers = cfg.n_layers;
+        // The bucket and kernels of the carried rows: the chunk's, then
+        // after compaction the one-row decode bucket's.
+        let mut bp = full;
+        let mut k = k;
         let mut normed = false;
         for l in 0..n_layers {
-            if l == self.compact_at {
+            if l == compact_from {
                 if keep.is_empty() {
                     return Ok(None);
                 }
-                rows = self.compact(rows, keep, pos1)?;
+                if keep.len() < rows.n {
+                    rows = self.compact(keep[0], pos1)?;
+                    bp = self.bucket(1)?;
+                    k = &self.kernels.kernels;
+                }
                 normed = false;
             }
+            let lp = &bp.layers[l];
             if !normed {
-                launch::input_norm(self, l, rows)?;
+                self.input_norm(k, lp, l, rows)?;
             }
             // The layer ends with the next layer's input norm unless the
             // rows are compacted before it.
-            let next_norm = l + 1 < n_layers && l + 1 != self.compact_at;
-            self.layer(l, rows, next_norm)?;
-            normed = next_norm;
+            let next = (l + 1 < n_layers && l + 1 != compact_from).then(|| &bp.layers[l + 1]);
+            self.layer(k, bp, l, rows, next)?;
+            normed = next.is_some();
         }
         if keep.is_empty() {
             return Ok(None);
         }
-        if self.compact_at == n_layers {
-            rows = self.compact(rows, keep, pos1)?;
+        if compact_from == n_layers && keep.len() < rows.n {
+            rows = self.compact(keep[0], pos1)?;
         }
         Ok(Some(rows))
     }
 
-    /// Keeps only the rows in `keep` (all rows, or the last one).
-    fn compact(&mut self, rows: Rows, keep: &[usize], pos1: usize) -> Result<Rows, EngineError> {
-        if keep.len() == rows.n {
-            return Ok(rows);
-        }
-        debug_assert_eq!(keep.len(), 1, "only All and Last are kept");
-        launch::copy_row(self, keep[0]).map_err(dev)?;
+    /// Keeps only row `row` (the last one when only it is wanted).
+    fn compact(&self, row: usize, pos1: usize) -> Result<Rows, EngineError> {
+        self.copy_row(row)?;
         Ok(Rows {
             n: 1,
             pos_slot: 1,
@@ -599,15 +130,25 @@ impl CudaEngine<'_> {
         })
     }
 
-    /// One decoder layer over `rows`; `a` holds the layer's normed input.
-    fn layer(&mut self, l: usize, rows: Rows, next_norm: bool) -> Result<(), EngineError> {
-        launch::attention_block(self, l, rows)?;
-        if self.trace.is_some() {
+    /// One decoder layer over `rows`; `act` holds the layer's normed input.
+    fn layer(
+        &self,
+        k: &[Kernel],
+        bp: &BucketPlan,
+        l: usize,
+        rows: Rows,
+        next: Option<&super::forward_plan::LayerPlan>,
+    ) -> Result<(), EngineError> {
+        let lp = &bp.layers[l];
+        self.attention_block(k, lp, l, rows)?;
+        if self.trace.borrow().is_some() {
             self.record_trace(l, rows, false)?;
         }
-        launch::ffn_block(self, l, rows)?;
-        launch::ple_injection(self, l, rows, next_norm)?;
-        if self.trace.is_some() {
+        self.attn_residual(k, lp, l, rows)?;
+        self.ffn_block(k, lp, l, rows)?;
+        self.ple_injection(k, lp, l, rows)?;
+        self.layer_end(k, lp, l, rows, next)?;
+        if self.trace.borrow().is_some() {
             self.record_trace(l, rows, true)?;
         }
         Ok(())
@@ -616,23 +157,24 @@ impl CudaEngine<'_> {
     /// Appends layer `l`'s queries and attention output (`out` = false) or
     /// its output (the residual stream, `out` = true) for `rows` to the
     /// trace (synchronizes: debugging only).
-    fn record_trace(&mut self, l: usize, rows: Rows, out: bool) -> Result<(), EngineError> {
+    fn record_trace(&self, l: usize, rows: Rows, out: bool) -> Result<(), EngineError> {
         let cfg = self.model.config();
         let (d, qd) = (cfg.d_model, cfg.layers[l].q_dim());
-        let x: Vec<f32> = if out {
-            self.gpu.download(&self.b.x).map_err(dev)?
-        } else {
-            Vec::new()
-        };
-        let (q, o): (Vec<f32>, Vec<f32>) = if out {
-            (Vec::new(), Vec::new())
+        let (x, q, o): (Vec<f32>, Vec<f32>, Vec<f32>) = if out {
+            (
+                self.gpu.download(&self.b.x).map_err(dev)?,
+                Vec::new(),
+                Vec::new(),
+            )
         } else {
             (
+                Vec::new(),
                 self.gpu.download(&self.b.q).map_err(dev)?,
                 self.gpu.download(&self.b.o).map_err(dev)?,
             )
         };
-        let Some(tr) = self.trace.as_mut() else {
+        let mut tr = self.trace.borrow_mut();
+        let Some(tr) = tr.as_mut() else {
             return Ok(());
         };
         let lt = &mut tr.layers[l];
@@ -649,10 +191,11 @@ impl CudaEngine<'_> {
     /// Records every layer's queries, attention output and output from now
     /// on, in the CPU engine's `Trace` (decode steps then run eagerly).
     pub fn enable_trace(&mut self) {
-        self.trace = Some(crate::cpu::Trace::new(self.model.config()));
+        *self.trace.get_mut() = Some(crate::cpu::Trace::new(self.model.config()));
     }
-    pub fn trace(&self) -> Option<&crate::cpu::Trace> {
-        self.trace.as_ref()
+    /// A copy of the trace recorded so far.
+    pub fn trace(&self) -> Option<crate::cpu::Trace> {
+        self.trace.borrow().clone()
     }
 
     /// Copies the first `k` (at most 8) logits rows to `out` through the
@@ -686,193 +229,103 @@ impl CudaEngine<'_> {
         }
     }
 
-    /// The launches of a one-token decode step (captured once).
-    fn decode_body(&mut self) -> Result<(), EngineError> {
-        launch::embed(self, 1)?;
-        if self.w.ple_table.is_some() {
-            launch::per_layer_inputs(self, 1)?;
-        }
+    /// The launches of a one-token decode step (captured once): the
+    /// one-row bucket, every layer, the head.
+    fn decode_body(&self) -> Result<(), EngineError> {
+        let bp = self.bucket(1)?;
+        let k = &self.kernels.kernels;
+        self.embed(k, bp, 1)?;
+        self.per_layer_inputs(k, bp, 1)?;
         let n_layers = self.model.config().n_layers;
         let rows = Rows {
             n: 1,
             pos_slot: 0,
             pos0: self.pos,
         };
-        launch::input_norm(self, 0, rows)?;
-        for l in 0..n_layers {
-            self.layer(l, rows, l + 1 < n_layers)?;
+        if let Some(lp) = bp.layers.first() {
+            self.input_norm(k, lp, 0, rows)?;
         }
-        launch::head(self, rows, 0, 1)
+        for l in 0..n_layers {
+            self.layer(k, bp, l, rows, bp.layers.get(l + 1))?;
+        }
+        let hp = bp
+            .head
+            .as_ref()
+            .ok_or_else(|| EngineError::Device("the one-row bucket has no head plan".into()))?;
+        self.head(k, hp, 0, 1)
     }
 
-    pub(super) fn mark(&self, phase: &'static str) -> Result<(), EngineError> {
-        if let Some(p) = self.phases.borrow_mut().as_mut() {
-            p.mark(&self.gpu, phase).map_err(dev)?;
+    /// The head over `rows` rows of `x`, in passes of at most `HEAD_ROWS`,
+    /// each pass's logits copied to `out`.
+    fn run_head(&mut self, rows: Rows, out: &mut [f32]) -> Result<(), EngineError> {
+        let vocab = self.model.vocab_size();
+        let mut r0 = 0;
+        while r0 < rows.n {
+            let r = (rows.n - r0).min(HEAD_ROWS);
+            {
+                let hp = self.bucket(r)?.head.as_ref().ok_or_else(|| {
+                    EngineError::Device(format!("the {r}-row bucket has no head plan"))
+                })?;
+                self.head(&self.kernels.kernels, hp, r0, r)?;
+            }
+            self.read_logits(r, &mut out[r0 * vocab..(r0 + r) * vocab])?;
+            r0 += r;
         }
         Ok(())
     }
-
-    /// The planned kernel and binding of a projection kind at `m` rows.
-    pub(super) fn matmul_kernel(
-        &self,
-        kind: &str,
-        w: &GpuMatrix,
-        m: usize,
-    ) -> Result<(super::plan::Planned, MatmulBinding), super::PlanError> {
-        let slot = slot_for(kind, m);
-        let m = self.planner.plan_rows(&slot, m);
-        let p = Problem::matmul(m, w.n, w.k, w.wtype.ggml());
-        let pl = self.planner.plan(&self.gpu, &slot, &p, &[])?;
-        let b = MatmulBinding::of(pl.family.name(), &pl.defines)
-            .map_err(|msg| super::PlanError::Slot { slot, msg })?;
-        Ok((pl, b))
-    }
-
-    /// The activation format a projection kind reads at `m` rows (f32 for
-    /// the vendor arm, which converts its operand itself).
-    pub(super) fn act_format(
-        &self,
-        kind: &str,
-        w: &GpuMatrix,
-        m: usize,
-    ) -> Result<ActFormat, EngineError> {
-        if self.planner.vendor(&slot_for(kind, m)) {
-            return Ok(ActFormat::F32);
-        }
-        Ok(self.matmul_kernel(kind, w, m).map_err(plan_err)?.1.act)
-    }
-
-    /// The activation buffer in `format` (main plane and Q8_1 scales).
-    pub(super) fn act(&self, format: ActFormat) -> Act {
-        Act {
-            format,
-            data: self.b.act.ptr(),
-            scales: if format == ActFormat::Q8_1 {
-                self.b.act_scales.ptr()
-            } else {
-                0
-            },
-        }
-    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gguf::GgufFile;
-    use crate::profile::Profile;
-    use crate::synth::{self, SynthModel, SynthVariant, WeightType};
-    use gemtune_kernels::compile::Arch;
-    use gemtune_kernels::family::DeviceLimits;
-
-    /// The tiny model with d_model 256 in Q4_0: its embedding is Q6_K, as
-    /// in the published Q4_0 files.
-    fn tiny_q4_0_d256() -> Model {
-        let mut cfg = synth::preset(SynthVariant::Tiny);
-        cfg.d_model = 256;
-        let bytes = SynthModel::from_config(cfg, WeightType::Q4_0, 5)
-            .and_then(|s| s.write_to_vec())
-            .expect("synth");
-        Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-q4_0-d256").expect("gguf"))
-            .expect("load")
+impl Engine for CudaEngine<'_> {
+    fn model(&self) -> &Model {
+        self.model
     }
-
-    fn planner(profile: Profile) -> Planner {
-        Planner::new(profile, None, DeviceLimits::for_arch(Arch(90)))
+    fn backend(&self) -> &'static str {
+        "cuda"
     }
-
-    #[test]
-    fn q6k_head_reads_the_embedding_blocks_and_plans_no_copy() {
-        let model = tiny_q4_0_d256();
-        let w = model.weights();
-        assert_eq!(w.token_embd.ty, GgmlType::Q6K);
-        let cfg = model.config();
-        let kv = KvType::F16;
-        for name in ["q6k-head", "strict"] {
-            let p = planner(Profile::load(name).expect("profile"));
-            let lay = plan_layouts(&p, cfg, &model, 64).expect("layouts");
-            assert!(lay.head_native, "{name}: the Q6_K head is read as it is");
-            assert_eq!(
-                lay.get("head"),
-                Layouts {
-                    blocks: true,
-                    ..Layouts::default()
-                },
-                "{name}"
-            );
+    fn position(&self) -> usize {
+        self.pos
+    }
+    fn max_seq(&self) -> usize {
+        self.plan.sizing.max_seq
+    }
+    fn chunk_len(&self) -> usize {
+        self.plan.sizing.ubatch
+    }
+    fn reset(&mut self) {
+        self.pos = 0;
+    }
+    fn run_chunk(&mut self, chunk: Chunk<'_>, out: &mut [f32]) -> Result<(), EngineError> {
+        let tokens = chunk.tokens;
+        if tokens.len() == 1
+            && chunk.keep.len() == 1
+            && self.use_graph
+            && self.phases.borrow().is_none()
+            && self.trace.borrow().is_none()
+        {
+            self.decode_graph(tokens[0])?;
+            self.read_logits(1, out)?;
+        } else if let Some(rows) = self.run_layers(tokens, chunk.keep)? {
+            self.run_head(rows, out)?;
         }
-        // main (and the profiles based on it that leave the head alone)
-        // reads planes there, so the head is converted to Q8_0 planes and
-        // that copy is planned.
-        for name in ["main", "dp4a", "cublas"] {
-            let p = planner(Profile::load(name).expect("profile"));
-            let lay = plan_layouts(&p, cfg, &model, 64).expect("layouts");
-            assert!(!lay.head_native, "{name}: the Q6_K head is converted");
-            assert!(lay.get("head").planes_f16, "{name}");
+        if let Some(p) = self.phases.get_mut().as_mut() {
+            p.collect(&self.gpu).map_err(dev)?;
         }
-        let conv = planner(Profile::load("main").expect("main"));
-        let lay_c = plan_layouts(&conv, cfg, &model, 64).expect("layouts");
-        let native_p = planner(Profile::load("q6k-head").expect("q6k-head"));
-        let lay = plan_layouts(&native_p, cfg, &model, 64).expect("layouts");
-        let native = planned_bytes(cfg, &model, &lay, 256, 64, kv);
-        let converted = planned_bytes(cfg, &model, &lay_c, 256, 64, kv);
-        let head_copy = weights::planned_bytes(
-            w.token_embd.ty,
-            w.token_embd.n_out,
-            w.token_embd.n_in,
-            lay_c.get("head"),
-        );
-        assert!(head_copy > 0);
-        assert_eq!(
-            converted - native,
-            head_copy,
-            "the saved copy is the head's planes"
-        );
+        self.pos += tokens.len();
+        Ok(())
     }
-
-    /// The GPU parity fixture (engine/tests/cuda_parity.rs builds the same
-    /// model) runs on the CPU engine: finite logits over a short prefill.
-    #[test]
-    fn tiny_q4_0_d256_runs_on_the_cpu_engine() {
-        let model = tiny_q4_0_d256();
-        let mut c = crate::cpu::CpuEngine::new(
-            &model,
-            crate::cpu::CpuOptions {
-                max_seq: 16,
-                max_batch: 8,
-            },
-        )
-        .expect("cpu engine");
-        let toks: Vec<u32> = (300..310).collect();
-        let l = c
-            .forward(&toks, crate::cpu::LogitRows::All)
-            .expect("forward");
-        assert_eq!(l.n_rows(), toks.len());
-        assert!((0..l.n_rows()).all(|i| l.row(i).iter().all(|v| v.is_finite())));
+    fn set_phases(&mut self, on: bool) -> bool {
+        let p = self.phases.get_mut();
+        match (on, p.is_some()) {
+            (true, false) => *p = Some(Phases::new()),
+            (false, true) => *p = None,
+            _ => {}
+        }
+        true
     }
-
-    #[test]
-    fn q8_0_embedding_keeps_the_converted_head_type() {
-        let main = planner(Profile::load("main").expect("main"));
-        let native = planner(Profile::load("q6k-head").expect("q6k-head"));
-        let (n, k) = (262144, 2560);
-        assert_eq!(
-            super::super::calls::head_type(&native, GgmlType::Q6K, n, k),
-            GgmlType::Q6K
-        );
-        // main's head slot reads planes: the Q6_K head is requantized.
-        assert_eq!(
-            super::super::calls::head_type(&main, GgmlType::Q6K, n, k),
-            GgmlType::Q8_0
-        );
-        assert_eq!(
-            super::super::calls::head_type(&main, GgmlType::Q8_0, n, k),
-            GgmlType::Q8_0
-        );
-        // An embedding type the kernels do not read at all converts.
-        assert_eq!(
-            super::super::calls::head_type(&main, GgmlType::F16, n, k),
-            GgmlType::Q8_0
-        );
+    fn take_phases(&mut self) -> Option<PhaseTimes> {
+        self.phases.get_mut().as_mut().map(|p| p.take())
+    }
+    fn describe(&self) -> Vec<String> {
+        self.describe_lines()
     }
 }

@@ -3,16 +3,16 @@
 //! slot `p % capacity` (the layout `qk_norm_rope` writes and the attention
 //! kernels read; `docs/calling-convention.md`).
 //!
-//! - Full layers: a linear cache of `max_seq` slots.
-//! - Sliding layers: a ring of `min(max_seq, window + ubatch - 1)` slots: a
-//!   chunk of at most `ubatch` tokens writes all its keys before it attends,
-//!   and its first query still needs the `window - 1` keys before the chunk.
-//! - KV-shared layers own nothing: they read their donor's buffers.
+//! Capacities are `Gemma4Config::cache_capacity` at the engine's chunk size:
+//! a linear cache of `max_seq` slots on full layers, a ring of
+//! `min(max_seq, window + ubatch - 1)` on sliding ones. KV-shared layers own
+//! nothing: they read their donor's buffers.
 
 use gemtune_kernels::family::KvType;
 use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
 
-use crate::config::{AttnKind, Gemma4Config};
+use super::forward_plan::Sizing;
+use crate::config::Gemma4Config;
 
 /// One KV-owning layer's cache.
 pub struct LayerCache {
@@ -30,15 +30,14 @@ pub struct KvCache {
     source: Vec<usize>,
 }
 
-/// Slots of each layer's cache for a model and the engine's sizes.
+/// Slots of each KV-owning layer's cache for a model and the engine's
+/// sizes (`None` on KV-shared layers).
 pub fn capacities(cfg: &Gemma4Config, max_seq: usize, ubatch: usize) -> Vec<Option<usize>> {
     cfg.layers
         .iter()
         .map(|l| {
-            l.owns_kv().then(|| match l.kind {
-                AttnKind::Full => max_seq,
-                AttnKind::Sliding => (cfg.sliding_window + ubatch - 1).min(max_seq),
-            })
+            l.owns_kv()
+                .then(|| cfg.cache_capacity(l.index, max_seq, ubatch))
         })
         .collect()
 }
@@ -53,14 +52,9 @@ pub fn cache_bytes(cfg: &Gemma4Config, max_seq: usize, ubatch: usize, t: KvType)
 }
 
 impl KvCache {
-    pub fn new(
-        gpu: &Gpu,
-        cfg: &Gemma4Config,
-        max_seq: usize,
-        ubatch: usize,
-        kv_type: KvType,
-    ) -> Result<KvCache, GpuError> {
-        let caps = capacities(cfg, max_seq, ubatch);
+    pub fn new(gpu: &Gpu, cfg: &Gemma4Config, s: &Sizing) -> Result<KvCache, GpuError> {
+        let kv_type = s.kv_type;
+        let caps = capacities(cfg, s.max_seq, s.ubatch);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for (l, cap) in cfg.layers.iter().zip(&caps) {
             layers.push(match cap {

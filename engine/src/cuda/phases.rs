@@ -5,29 +5,11 @@
 
 use gemtune_kernels::gpu::{Event, Gpu, GpuError};
 
+use super::slots::Phase;
 use crate::engine::PhaseTimes;
 
-/// The phase names, as tables and `ab` attribute them.
-pub const PHASES: &[&str] = &[
-    "embed",
-    "ple",
-    "norm",
-    "rope_kv",
-    "attn_swa",
-    "attn_full",
-    "gemm_qkv",
-    "gemm_o",
-    "gemm_gate_up",
-    "gemm_down",
-    "gemm_ple",
-    "act_convert",
-    "gelu",
-    "head",
-    "sampling",
-];
-
 pub struct Phases {
-    marks: Vec<(&'static str, Event)>,
+    marks: Vec<(Option<Phase>, Event)>,
     pool: Vec<Event>,
     totals: PhaseTimes,
 }
@@ -42,7 +24,11 @@ impl Phases {
     }
 
     /// Records the start of `phase` (and so the end of the previous one).
-    pub fn mark(&mut self, gpu: &Gpu, phase: &'static str) -> Result<(), GpuError> {
+    pub fn mark(&mut self, gpu: &Gpu, phase: Phase) -> Result<(), GpuError> {
+        self.record(gpu, Some(phase))
+    }
+
+    fn record(&mut self, gpu: &Gpu, phase: Option<Phase>) -> Result<(), GpuError> {
         let e = match self.pool.pop() {
             Some(e) => e,
             None => gpu.event()?,
@@ -58,11 +44,13 @@ impl Phases {
         if self.marks.is_empty() {
             return Ok(());
         }
-        self.mark(gpu, "")?;
+        self.record(gpu, None)?;
         let marks = std::mem::take(&mut self.marks);
         for w in marks.windows(2) {
             let ms = w[0].1.elapsed_ms(&w[1].1)?;
-            self.totals.add(w[0].0, ms as f64);
+            if let Some(p) = w[0].0 {
+                self.totals.add(p.name(), ms as f64);
+            }
         }
         self.pool.extend(marks.into_iter().map(|(_, e)| e));
         Ok(())

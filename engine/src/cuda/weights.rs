@@ -16,8 +16,11 @@
 //!   stay in their GGUF bytes. The tied head reads `token_embd`'s own Q6_K
 //!   super-blocks, the embed kernel's copy (no second one), when the
 //!   profile's `gemv.head` slot resolves to the Q6_K GEMV at every row count
-//!   (`calls::head_type`); otherwise it reads its own planes or blocks of
+//!   (`forward_plan::head_type`); otherwise it reads its own planes or blocks of
 //!   the device type, converted as above.
+//! - `upload` puts a whole model on the device in the layouts the forward
+//!   plan reads (`ProjLayouts`); `model_bytes` is the same sum before any
+//!   allocation (the fit check).
 //! - Norm weights are f32 vectors, the layer scalars one f32 array.
 
 use gemtune_kernels::bind::matmul::{ScaleType, WeightLayout, Weights};
@@ -29,7 +32,10 @@ use gemtune_kernels::quant::{dequantize_row, quantize_row, GgmlType};
 use rayon::prelude::*;
 use std::sync::Arc;
 
+use super::slots::Proj;
+use crate::config::AttnKind;
 use crate::model::{MatRef, Model};
+use crate::rope::RopeFreqs;
 
 /// Which device layouts of a matrix some slot reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -160,18 +166,60 @@ impl GpuMatrix {
     }
 }
 
-/// The type the matmul kernels read for a file type.
-pub fn device_type(t: GgmlType) -> WType {
-    match t {
-        GgmlType::Q4_0 => WType::Q4_0,
-        _ => WType::Q8_0,
+/// The type the matmul kernels read for matrices of file types `parts`
+/// fused into one: Q4_0 when every part is Q4_0, else Q8_0 (fused parts
+/// share one device type; every other type is requantized at load).
+pub fn device_type(parts: &[GgmlType]) -> WType {
+    if !parts.is_empty() && parts.iter().all(|&t| t == GgmlType::Q4_0) {
+        WType::Q4_0
+    } else {
+        WType::Q8_0
+    }
+}
+
+/// Embedding-table types the `embed` and `ple` kernels read as they are;
+/// other types are requantized to Q8_0 at load.
+pub const EMBED_TYPES: &[GgmlType] = &[
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q6K,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::F32,
+];
+
+/// The type an embedding table of file type `t` is gathered from.
+pub fn table_type(t: GgmlType) -> GgmlType {
+    if EMBED_TYPES.contains(&t) {
+        t
+    } else {
+        GgmlType::Q8_0
+    }
+}
+
+/// The device layouts each projection's matrices are uploaded in (the
+/// union over every launch the forward plan makes of that projection).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjLayouts {
+    by_proj: [Layouts; 6],
+    /// The tied head reads `token_embd`'s Q6_K blocks, the embedding
+    /// table's device copy: no copy of its own.
+    pub head_native: bool,
+}
+
+impl ProjLayouts {
+    pub fn get(&self, p: Proj) -> Layouts {
+        self.by_proj[p as usize]
+    }
+    pub fn get_mut(&mut self, p: Proj) -> &mut Layouts {
+        &mut self.by_proj[p as usize]
     }
 }
 
 /// Bytes one `[n][k]` matrix of file type `t` takes on the device in
 /// `layouts` (for the fit check before any allocation).
 pub fn planned_bytes(t: GgmlType, n: usize, k: usize, layouts: Layouts) -> u64 {
-    let wt = device_type(t);
+    let wt = device_type(&[t]);
     let nb = (n * k / 32) as u64;
     let mut b = 0;
     if layouts.planes_f16 || layouts.planes_f32 {
@@ -237,13 +285,8 @@ pub fn upload_matrix(
             "{name}: the fused matrices need one input width that is a multiple of 32"
         )));
     }
-    // Requantize everything to Q8_0 unless every part is Q4_0 (fused parts
-    // must share one device type).
-    let wt = if parts.iter().all(|p| p.ty == GgmlType::Q4_0) {
-        WType::Q4_0
-    } else {
-        WType::Q8_0
-    };
+    let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
+    let wt = device_type(&types);
     let converted_from: Vec<GgmlType> = parts
         .iter()
         .map(|p| p.ty)
@@ -323,5 +366,239 @@ pub fn upload_table(
     Ok(GpuTable {
         ty: m.ty,
         buf: Arc::new(gpu.upload(model.mat_bytes(m))?),
+    })
+}
+
+/// One layer's device weights.
+pub struct LayerWeights {
+    /// Q | K | V (K-shared layers: Q only; k_eq_v layers: Q | K).
+    pub qkv: GpuMatrix,
+    pub o: GpuMatrix,
+    /// gate | up.
+    pub gate_up: GpuMatrix,
+    pub down: GpuMatrix,
+    pub ple_gate: Option<GpuMatrix>,
+    pub ple_proj: Option<GpuMatrix>,
+    pub attn_norm: DeviceBuffer,
+    pub q_norm: DeviceBuffer,
+    pub k_norm: Option<DeviceBuffer>,
+    pub post_attn_norm: DeviceBuffer,
+    pub ffn_norm: DeviceBuffer,
+    pub post_ffw_norm: DeviceBuffer,
+    pub ple_post_norm: Option<DeviceBuffer>,
+}
+
+/// A model's device weights.
+pub struct DeviceWeights {
+    pub layers: Vec<LayerWeights>,
+    /// `token_embd` as GGUF bytes (the embedding gather).
+    pub embd: GpuTable,
+    /// `token_embd` as the head reads it.
+    pub head: GpuMatrix,
+    pub output_norm: DeviceBuffer,
+    pub ple_table: Option<GpuTable>,
+    pub ple_model_proj: Option<GpuMatrix>,
+    pub ple_proj_norm: Option<DeviceBuffer>,
+    /// f32 `[n_layers]` layer scalars.
+    pub layer_scales: DeviceBuffer,
+    /// f64 inverse frequencies per layer kind (`[hd/2]`, `crate::rope`).
+    pub rope_swa: DeviceBuffer,
+    pub rope_full: DeviceBuffer,
+    pub bytes: u64,
+    pub bf16_bytes: u64,
+    /// One line per matrix converted at load.
+    pub converted: Vec<String>,
+}
+
+impl DeviceWeights {
+    /// The inverse RoPE frequencies of a layer kind.
+    pub fn rope(&self, kind: AttnKind) -> &DeviceBuffer {
+        match kind {
+            AttnKind::Sliding => &self.rope_swa,
+            AttnKind::Full => &self.rope_full,
+        }
+    }
+}
+
+/// The matrices of a layer's fused Q|K|V projection.
+pub fn qkv_parts(lw: &crate::model::LayerWeights) -> Vec<&MatRef> {
+    let mut parts: Vec<&MatRef> = vec![&lw.attn_q];
+    if let Some(k) = &lw.attn_k {
+        parts.push(k);
+        if let Some(v) = &lw.attn_v {
+            parts.push(v);
+        }
+    }
+    parts
+}
+
+/// Device bytes of a model's weights in `lay` (the fit check before any
+/// allocation; `upload` allocates exactly these).
+pub fn model_bytes(model: &Model, lay: &ProjLayouts) -> u64 {
+    let w = model.weights();
+    let mat = |m: &MatRef, p: Proj| planned_bytes(m.ty, m.n_out, m.n_in, lay.get(p));
+    let mut b = 0u64;
+    for lw in &w.layers {
+        b += qkv_parts(lw).iter().map(|m| mat(m, Proj::Qkv)).sum::<u64>();
+        b += mat(&lw.attn_output, Proj::O);
+        b += mat(&lw.ffn_gate, Proj::GateUp) + mat(&lw.ffn_up, Proj::GateUp);
+        b += mat(&lw.ffn_down, Proj::Down);
+        if let Some(p) = &lw.ple {
+            b += mat(&p.inp_gate, Proj::Ple) + mat(&p.proj, Proj::Ple);
+        }
+    }
+    b += model.mat_bytes(&w.token_embd).len() as u64;
+    if !lay.head_native {
+        b += mat(&w.token_embd, Proj::Head);
+    }
+    if let Some(p) = &w.ple {
+        b += model.mat_bytes(&p.token_embd).len() as u64 + mat(&p.model_proj, Proj::Ple);
+    }
+    b
+}
+
+/// Uploads a model's weights in the layouts `lay` names.
+pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeights, GpuError> {
+    let cfg = model.config();
+    let w = model.weights();
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    let mut converted = Vec::new();
+    let mut note = |m: &GpuMatrix| {
+        if !m.converted_from.is_empty() {
+            converted.push(format!(
+                "{} ({}) -> {} planes",
+                m.name,
+                m.converted_from
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                m.wtype.ggml().name()
+            ));
+        }
+    };
+    let f32_buf = |v: &[f32]| gpu.upload(v);
+    for (i, lw) in w.layers.iter().enumerate() {
+        let mut up = |name: &str, parts: &[&MatRef], p: Proj| -> Result<GpuMatrix, GpuError> {
+            let m = upload_matrix(gpu, model, name, parts, lay.get(p))?;
+            note(&m);
+            Ok(m)
+        };
+        let qkv = up(&format!("blk.{i}.attn_qkv"), &qkv_parts(lw), Proj::Qkv)?;
+        let o = up(&lw.attn_output.name, &[&lw.attn_output], Proj::O)?;
+        let gate_up = up(
+            &format!("blk.{i}.ffn_gate_up"),
+            &[&lw.ffn_gate, &lw.ffn_up],
+            Proj::GateUp,
+        )?;
+        let down = up(&lw.ffn_down.name, &[&lw.ffn_down], Proj::Down)?;
+        let (ple_gate, ple_proj, ple_post_norm) = match &lw.ple {
+            Some(p) => (
+                Some(up(&p.inp_gate.name, &[&p.inp_gate], Proj::Ple)?),
+                Some(up(&p.proj.name, &[&p.proj], Proj::Ple)?),
+                Some(f32_buf(&p.post_norm)?),
+            ),
+            None => (None, None, None),
+        };
+        layers.push(LayerWeights {
+            qkv,
+            o,
+            gate_up,
+            down,
+            ple_gate,
+            ple_proj,
+            attn_norm: f32_buf(&lw.attn_norm)?,
+            q_norm: f32_buf(&lw.attn_q_norm)?,
+            k_norm: lw.attn_k_norm.as_deref().map(f32_buf).transpose()?,
+            post_attn_norm: f32_buf(&lw.post_attention_norm)?,
+            ffn_norm: f32_buf(&lw.ffn_norm)?,
+            post_ffw_norm: f32_buf(&lw.post_ffw_norm)?,
+            ple_post_norm,
+        });
+    }
+    let embd = upload_table(gpu, model, &w.token_embd, EMBED_TYPES)?;
+    let head = if lay.head_native {
+        if embd.ty != GgmlType::Q6K {
+            return Err(GpuError::Other(format!(
+                "token_embd: the head was planned on Q6_K blocks, the table is {}",
+                embd.ty.name()
+            )));
+        }
+        GpuMatrix::shared_blocks(
+            "token_embd (head)",
+            w.token_embd.n_out,
+            w.token_embd.n_in,
+            WType::Q6K,
+            embd.buf.clone(),
+        )?
+    } else {
+        upload_matrix(
+            gpu,
+            model,
+            "token_embd (head)",
+            &[&w.token_embd],
+            lay.get(Proj::Head),
+        )?
+    };
+    note(&head);
+    let (ple_table, ple_model_proj, ple_proj_norm) = match &w.ple {
+        Some(p) => {
+            let mp = upload_matrix(
+                gpu,
+                model,
+                &p.model_proj.name,
+                &[&p.model_proj],
+                lay.get(Proj::Ple),
+            )?;
+            note(&mp);
+            (
+                Some(upload_table(gpu, model, &p.token_embd, EMBED_TYPES)?),
+                Some(mp),
+                Some(f32_buf(&p.proj_norm)?),
+            )
+        }
+        None => (None, None, None),
+    };
+    let scales: Vec<f32> = w.layers.iter().map(|l| l.layer_scale).collect();
+    let opt = |m: &Option<GpuMatrix>| m.as_ref().map(|m| m.bytes()).unwrap_or(0);
+    let mut bytes: u64 = layers
+        .iter()
+        .map(|l| {
+            l.qkv.bytes()
+                + l.o.bytes()
+                + l.gate_up.bytes()
+                + l.down.bytes()
+                + opt(&l.ple_gate)
+                + opt(&l.ple_proj)
+        })
+        .sum();
+    bytes += embd.buf.bytes() as u64 + head.bytes();
+    bytes += ple_table
+        .as_ref()
+        .map(|t| t.buf.bytes() as u64)
+        .unwrap_or(0);
+    bytes += opt(&ple_model_proj);
+    let bf16_bytes = layers
+        .iter()
+        .map(|l| {
+            l.qkv.bf16_bytes() + l.o.bf16_bytes() + l.gate_up.bf16_bytes() + l.down.bf16_bytes()
+        })
+        .sum::<u64>()
+        + ple_model_proj.as_ref().map(|m| m.bf16_bytes()).unwrap_or(0);
+    let rope = |kind: AttnKind| gpu.upload(&RopeFreqs::new(cfg.rope(kind)).inv_freq);
+    Ok(DeviceWeights {
+        layers,
+        embd,
+        head,
+        output_norm: f32_buf(&w.output_norm)?,
+        ple_table,
+        ple_model_proj,
+        ple_proj_norm,
+        layer_scales: f32_buf(&scales)?,
+        rope_swa: rope(AttnKind::Sliding)?,
+        rope_full: rope(AttnKind::Full)?,
+        bytes,
+        bf16_bytes,
+        converted,
     })
 }

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use gemtune::results::BenchRow;
-use gemtune_engine::cpu::LogitRows;
 use gemtune_engine::engine::{Engine, PhaseTimes};
+use gemtune_engine::forward::LogitRows;
 use gemtune_engine::model::Model;
 use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
 use rand::{Rng, SeedableRng};

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use gemtune_engine::cpu::LogitRows;
+use gemtune_engine::forward::LogitRows;
 
 use super::run::load_model;
 use crate::cli::positive_usize;

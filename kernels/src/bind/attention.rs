@@ -85,14 +85,31 @@ pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
 /// `griddepcontrol.wait` says they are complete).
 pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
     let decode = k.geo.kernel == "attn_decode";
+    let combine = if decode && k.has_sibling("attn_combine") {
+        let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
+        Some(k.sibling(geo)?)
+    } else {
+        None
+    };
+    launch_planned(k, decode, combine.as_ref(), gpu, a)
+}
+
+/// `launch` with the decision already made (the engine's forward plan):
+/// `decode` says whether `k` is a decode launch, and `combine` is the
+/// resolved combine of its splits, if its module has one.
+pub fn launch_planned(
+    k: &Kernel,
+    decode: bool,
+    combine: Option<&Kernel>,
+    gpu: &Gpu,
+    a: &AttnArgs,
+) -> Result<(), GpuError> {
     if decode {
         k.launch_dependent(gpu, &a.kargs())?;
     } else {
         k.launch(gpu, &a.kargs())?;
     }
-    if decode && k.has_sibling("attn_combine") {
-        let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
-        let c = k.sibling(geo)?;
+    if let (true, Some(c)) = (decode, combine) {
         c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
     }
     Ok(())

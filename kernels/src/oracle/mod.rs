@@ -18,8 +18,8 @@ pub use activation::{gelu_tanh, softcap, softmax};
 pub use attention::{attention, AttnParams};
 pub use ffn::gated_ffn;
 pub use matmul::{matmul, matmul_quant};
-pub use norm::rms_norm;
-pub use rope::{proportional_freq_factors, rope_neox};
+pub use norm::{rms_inv, rms_norm};
+pub use rope::{proportional_freq_factors, rope_inv_freq, rope_neox};
 
 /// Panics with a uniform message when a slice has the wrong length.
 #[track_caller]

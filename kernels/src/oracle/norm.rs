@@ -2,6 +2,14 @@
 
 use super::check_len;
 
+/// `1 / sqrt(mean(x²) + eps)` with the sum of squares in f64: the one
+/// definition of the RMS scale (this oracle and the CPU engine's norms).
+/// `x` must not be empty.
+pub fn rms_inv(x: &[f32], eps: f32) -> f64 {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    1.0 / (ss / x.len() as f64 + eps as f64).sqrt()
+}
+
 /// `out[i] = x[i] / sqrt(mean(x²) + eps) * w[i]` (or without `w` when
 /// `weight` is `None`, the "no-scale" norm Gemma 4 applies to V).
 ///
@@ -17,8 +25,7 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     if x.is_empty() {
         return;
     }
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
+    let inv = rms_inv(x, eps);
     for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
         let w = weight.map_or(1.0, |w| w[i] as f64);
         *o = (v as f64 * inv * w) as f32;

@@ -38,16 +38,34 @@ pub fn rope_neox(
     if let Some(ff) = freq_factors {
         check_len("rope freq_factors", ff.len(), half);
     }
-    let base = freq_base as f64;
-    for i in 0..half {
-        let ff = freq_factors.map_or(1.0, |f| f[i] as f64);
-        let theta = pos as f64 * base.powf(-2.0 * i as f64 / rope_dims as f64) / ff;
+    let inv_freq = rope_inv_freq(freq_base, rope_dims, freq_factors);
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let theta = pos as f64 * f;
         let (s, c) = theta.sin_cos();
         let a = head[i] as f64;
         let b = head[i + half] as f64;
         head[i] = (a * c - b * s) as f32;
         head[i + half] = (a * s + b * c) as f32;
     }
+}
+
+/// The inverse frequency of each rotated pair, in f64:
+/// `inv_freq_i = freq_base^(-2i/rope_dims) / ff_i` for `i < rope_dims/2`
+/// (`ff_i = freq_factors[i]`, or 1 without factors). This is the one
+/// definition of RoPE's frequencies: the oracle rotates with it, the CPU
+/// engine builds its tables from it and the CUDA engine uploads it for
+/// `qk_norm_rope`. A factor list shorter than the pairs counts 1 past its
+/// end.
+pub fn rope_inv_freq(freq_base: f32, rope_dims: usize, freq_factors: Option<&[f32]>) -> Vec<f64> {
+    let base = freq_base as f64;
+    (0..rope_dims / 2)
+        .map(|i| {
+            let ff = freq_factors
+                .and_then(|f| f.get(i))
+                .map_or(1.0, |&f| f as f64);
+            base.powf(-2.0 * i as f64 / rope_dims as f64) / ff
+        })
+        .collect()
 }
 
 /// The frequency factors llama.cpp stores for Gemma 4's proportional RoPE

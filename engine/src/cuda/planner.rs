@@ -1,5 +1,7 @@
-//! Kernel choice: profile slot -> (family, defines) -> validated geometry ->
-//! a loaded, resolved kernel, decided once per (slot, problem) and kept.
+//! Kernel choice: profile slot -> (family, defines) -> validated geometry.
+//! The forward plan (`forward_plan`) asks this once per distinct launch at
+//! load; nothing asks it afterwards (`lookups` counts, and a test holds the
+//! engine to that).
 //!
 //! For a slot at a problem, in order:
 //! 1. the profile's choice for the slot (or its group): family and defines,
@@ -16,14 +18,13 @@
 //! Every decision is recorded with its reason (`run -v` prints them). The
 //! engine never tunes: it reads the profile and the tuned table only.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gemtune_kernels::defines::{canonical, DefineValue, Defines};
-use gemtune_kernels::family::{family, DeviceLimits, Family, Problem};
-use gemtune_kernels::gpu::{Gpu, GpuError};
-use gemtune_kernels::runtime::{Kernel, KernelCache};
+use gemtune_kernels::defines::{DefineValue, Defines};
+use gemtune_kernels::family::{family, DeviceLimits, Family, LaunchGeometry, Problem};
+use gemtune_kernels::gpu::GpuError;
 
+use super::slots::Slot;
 use crate::profile::{to_defines, Choice, Profile};
 use crate::tuned::TunedFile;
 
@@ -32,16 +33,6 @@ pub const GEMV_BLOCK: usize = 8;
 
 /// The profile family name of the vendor GEMM arm.
 pub const VENDOR_BF16: &str = "cublas-bf16";
-
-/// A kernel chosen for a slot at one problem.
-#[derive(Clone)]
-pub struct Planned {
-    pub kernel: Kernel,
-    pub family: &'static dyn Family,
-    pub defines: Defines,
-    /// profile / tuned / fallback, with the detail.
-    pub why: String,
-}
 
 /// Where one decision came from, for `run -v`.
 #[derive(Clone, Debug)]
@@ -53,16 +44,24 @@ pub struct Decision {
     pub why: String,
 }
 
-/// Chooses and caches the kernels of every slot.
+/// A slot's choice at one problem: the family, its full defines, the
+/// geometry `Family::validate` gave, and why it was chosen.
+#[derive(Clone)]
+pub struct Resolution {
+    pub family: &'static dyn Family,
+    pub defines: Defines,
+    pub geo: LaunchGeometry,
+    /// profile / tuned / fallback, with the detail.
+    pub why: String,
+}
+
+/// Chooses the kernel variant of every slot from a profile, a tuned table
+/// and the device's limits. It compiles nothing: `ForwardPlan::load` does.
 pub struct Planner {
     pub profile: Profile,
     pub tuned: Option<TunedFile>,
     pub limits: DeviceLimits,
-    pub cache: KernelCache,
-    memo: Mutex<HashMap<String, Planned>>,
-    /// Each attention call site's Q and O formats (`calls::attn_io`).
-    io_memo: Mutex<HashMap<String, super::calls::AttnIo>>,
-    decisions: Mutex<Vec<Decision>>,
+    lookups: AtomicUsize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,24 +72,35 @@ pub enum PlanError {
     Gpu { slot: String, err: GpuError },
 }
 
+impl PlanError {
+    pub(super) fn slot(slot: Slot, msg: impl Into<String>) -> PlanError {
+        PlanError::Slot {
+            slot: slot.name().to_string(),
+            msg: msg.into(),
+        }
+    }
+}
+
 impl Planner {
     pub fn new(profile: Profile, tuned: Option<TunedFile>, limits: DeviceLimits) -> Planner {
         Planner {
             profile,
             tuned,
             limits,
-            cache: KernelCache::new(None),
-            memo: Mutex::new(HashMap::new()),
-            io_memo: Mutex::new(HashMap::new()),
-            decisions: Mutex::new(Vec::new()),
+            lookups: AtomicUsize::new(0),
         }
+    }
+
+    /// How many times a slot was resolved so far (every `resolve` call).
+    pub fn lookups(&self) -> usize {
+        self.lookups.load(Ordering::Relaxed)
     }
 
     /// Whether `slot` is served by the vendor GEMM (cuBLAS bf16 on weights
     /// dequantized at load) rather than a kernel family.
-    pub fn vendor(&self, slot: &str) -> bool {
+    pub fn vendor(&self, slot: Slot) -> bool {
         self.profile
-            .choice(slot)
+            .choice(slot.name())
             .map(|c| c.family == VENDOR_BF16)
             .unwrap_or(false)
     }
@@ -98,37 +108,26 @@ impl Planner {
     /// Whether a prefill GEMM slot is served by the GEMV family, which the
     /// engine then launches on row blocks of at most 8 tokens (the `strict`
     /// profile's fp-contract prefill).
-    pub fn row_chunked(&self, slot: &str) -> bool {
-        slot.starts_with("gemm.")
+    pub fn row_chunked(&self, slot: Slot) -> bool {
+        matches!(slot, Slot::Gemm(_))
             && self
                 .profile
-                .choice(slot)
+                .choice(slot.name())
                 .map(|c| c.family == "gemv")
                 .unwrap_or(false)
-    }
-
-    /// The token count a projection slot's kernel is planned at for a call
-    /// of `m` rows (row-chunked GEMV slots run blocks of at most 8).
-    pub fn plan_rows(&self, slot: &str, m: usize) -> usize {
-        if self.row_chunked(slot) {
-            m.min(GEMV_BLOCK)
-        } else {
-            m
-        }
     }
 
     /// The family and defines serving `slot` at `p` (no GPU work: used by
     /// the CPU-side profile checks too).
     pub fn resolve(
         &self,
-        slot: &str,
+        slot: Slot,
         p: &Problem,
         bound: &[(&str, DefineValue)],
-    ) -> Result<(&'static dyn Family, Defines, String), PlanError> {
-        let err = |msg: String| PlanError::Slot {
-            slot: slot.to_string(),
-            msg,
-        };
+    ) -> Result<Resolution, PlanError> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        let err = |msg: String| PlanError::slot(slot, msg);
+        let slot = slot.name();
         let wt = match p {
             Problem::Matmul(mp) => Some(mp.wtype.name().to_ascii_uppercase()),
             _ => None,
@@ -186,7 +185,12 @@ impl Planner {
             }
         }
         match fam.validate(&defines, p, &self.limits) {
-            Ok(_) => Ok((fam, defines, why)),
+            Ok(geo) => Ok(Resolution {
+                family: fam,
+                defines,
+                geo,
+                why,
+            }),
             Err(reason) => {
                 if choice.fallback.is_none() {
                     return Err(err(format!(
@@ -211,12 +215,16 @@ impl Planner {
                     })?;
                     let d2 = with_bound(f2, fdef);
                     match f2.validate(&d2, p, &self.limits) {
-                        Ok(_) => {
-                            return Ok((
-                                f2,
-                                d2,
-                                format!("fallback {fb}: cannot run here: {}", refused.join("; ")),
-                            ))
+                        Ok(geo) => {
+                            return Ok(Resolution {
+                                family: f2,
+                                defines: d2,
+                                geo,
+                                why: format!(
+                                    "fallback {fb}: cannot run here: {}",
+                                    refused.join("; ")
+                                ),
+                            })
                         }
                         Err(r2) => refused.push(format!("fallback {fb}: {} ({r2})", f2.name())),
                     }
@@ -228,87 +236,5 @@ impl Planner {
                 )))
             }
         }
-    }
-
-    /// The resolved, loaded kernel serving `slot` at `p`.
-    pub fn plan(
-        &self,
-        gpu: &Gpu,
-        slot: &str,
-        p: &Problem,
-        bound: &[(&str, DefineValue)],
-    ) -> Result<Planned, PlanError> {
-        let key = format!(
-            "{slot}|{}|{}",
-            p.describe(),
-            bound
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        if let Some(pl) = self.lock_memo().get(&key) {
-            return Ok(pl.clone());
-        }
-        let (fam, defines, why) = self.resolve(slot, p, bound)?;
-        let geo = fam
-            .validate(&defines, p, &self.limits)
-            .map_err(|msg| PlanError::Slot {
-                slot: slot.to_string(),
-                msg,
-            })?;
-        let kernel = self
-            .cache
-            .kernel(gpu, fam, &defines, geo)
-            .map_err(|err| PlanError::Gpu {
-                slot: slot.to_string(),
-                err,
-            })?;
-        let pl = Planned {
-            kernel,
-            family: fam,
-            defines: defines.clone(),
-            why: why.clone(),
-        };
-        self.decisions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Decision {
-                slot: slot.to_string(),
-                problem: p.describe(),
-                family: fam.name().to_string(),
-                defines: canonical(&defines),
-                why,
-            });
-        self.lock_memo().insert(key, pl.clone());
-        Ok(pl)
-    }
-
-    /// Every decision so far, in order.
-    pub fn decisions(&self) -> Vec<Decision> {
-        self.decisions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// The attention I/O memoized under `key`, computed by `f` the first
-    /// time: the load-time list and every later launch share one answer.
-    pub(super) fn attn_io_memo(
-        &self,
-        key: String,
-        f: impl FnOnce() -> Result<super::calls::AttnIo, PlanError>,
-    ) -> Result<super::calls::AttnIo, PlanError> {
-        let lock = || self.io_memo.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(io) = lock().get(&key) {
-            return Ok(*io);
-        }
-        let io = f()?;
-        lock().insert(key, io);
-        Ok(io)
-    }
-
-    fn lock_memo(&self) -> std::sync::MutexGuard<'_, HashMap<String, Planned>> {
-        self.memo.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -1,0 +1,1185 @@
+//! The forward plan: every launch of the CUDA forward pass, decided once at
+//! load from the profile, the tuned table, the device's limits and the
+//! model's shapes.
+//!
+//! A plan has one `BucketPlan` per row-count bucket: the decode buckets of
+//! 1..=8 rows (each exact) and the prefill buckets, whose bounds are the
+//! row counts the tuned table distinguishes (`prefill_bounds`), the last
+//! one the chunk size (`ubatch`). A chunk of `t` rows runs the bucket with
+//! the smallest bound at or above `t`; because the tuned table picks its
+//! entry the same way, that is the variant a plan made at `t` itself would
+//! choose. Within a prefill bucket only the grids follow `t`
+//! (`ForwardPlan::kernels_at`): the family, defines, binding and formats
+//! stay as planned.
+//!
+//! Per layer the bucket lists, in forward order, what `stages` launches:
+//! the input norm, the attention block (QKV projection, Q/K norm with RoPE
+//! and the cache write, attention, output projection), the residual add
+//! with the FFN input norm, the FFN block, the PLE injection and the layer
+//! end (the last residual add with the layer scalar and the next layer's
+//! input norm). Each projection is a `MatmulPlan` with its binding, the
+//! activation format it reads and the pre-pass that produces it.
+//!
+//! Resolving needs no GPU (`ForwardPlan::resolve`; the CPU tests resolve
+//! every committed profile on sm_80/89/90 and compile the result); loading
+//! compiles and loads each distinct launch once (`ForwardPlan::load`).
+//! After load the engine asks the planner nothing.
+
+use std::collections::{BTreeSet, HashMap};
+
+use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, WeightLayout};
+use gemtune_kernels::bind::ActFormat;
+use gemtune_kernels::defines::{canonical, DefineValue};
+use gemtune_kernels::family::{AttnProblem, KvType, LaunchGeometry, Problem, RowsProblem};
+use gemtune_kernels::gpu::{Gpu, GpuError};
+use gemtune_kernels::quant::GgmlType;
+use gemtune_kernels::runtime::{Kernel, KernelCache};
+
+use super::planner::{Decision, PlanError, Planner, Resolution, GEMV_BLOCK};
+use super::slots::{Proj, Slot, GEMV_MAX_ROWS};
+use super::weights::{self, ProjLayouts};
+use crate::config::{AttnKind, Gemma4Config};
+use crate::model::{MatRef, Model};
+
+/// The sizes an engine is built for; they travel together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizing {
+    /// Most positions the cache holds.
+    pub max_seq: usize,
+    /// Most tokens per prefill chunk.
+    pub ubatch: usize,
+    pub kv_type: KvType,
+}
+
+impl Sizing {
+    /// Slots of layer `l`'s cache (`Gemma4Config::cache_capacity`).
+    pub fn capacity(&self, cfg: &Gemma4Config, l: usize) -> usize {
+        cfg.cache_capacity(l, self.max_seq, self.ubatch)
+    }
+}
+
+/// (n, k, device weight type) of one projection matrix.
+pub type MatDim = (usize, usize, GgmlType);
+
+/// The shapes the forward's launches depend on.
+#[derive(Clone, Debug)]
+pub struct ModelDims {
+    /// Per layer: qkv, o, gate_up, down, and the PLE gate and projection.
+    pub layers: Vec<LayerDims>,
+    pub head: MatDim,
+    pub ple_model_proj: Option<MatDim>,
+    /// Types of the embedding table and the PLE table as the kernels read
+    /// them.
+    pub embd_type: GgmlType,
+    pub ple_type: Option<GgmlType>,
+    pub vocab: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct LayerDims {
+    pub qkv: MatDim,
+    pub o: MatDim,
+    pub gate_up: MatDim,
+    pub down: MatDim,
+    pub ple: Option<(MatDim, MatDim)>,
+}
+
+impl ModelDims {
+    /// Shapes of a model whose projection matrices are stored as `matrix`
+    /// and whose embedding tables as `embd` (the synthetic files' layout),
+    /// after the engine's load-time conversions under `planner`'s profile
+    /// (which decides whether the tied head reads Q6_K as it is).
+    pub fn from_config(
+        cfg: &Gemma4Config,
+        matrix: GgmlType,
+        embd: GgmlType,
+        planner: &Planner,
+    ) -> ModelDims {
+        let dev = weights::device_type(&[matrix]).ggml();
+        let d = cfg.d_model;
+        let p = cfg.ple_dim;
+        let layers = cfg
+            .layers
+            .iter()
+            .map(|l| {
+                let kv = match (l.owns_kv(), l.k_eq_v) {
+                    (false, _) => 0,
+                    (true, true) => l.kv_dim(),
+                    (true, false) => 2 * l.kv_dim(),
+                };
+                LayerDims {
+                    qkv: (l.q_dim() + kv, d, dev),
+                    o: (d, l.q_dim(), dev),
+                    gate_up: (2 * l.ffn_dim, d, dev),
+                    down: (d, l.ffn_dim, dev),
+                    ple: (p > 0).then_some(((p, d, dev), (d, p, dev))),
+                }
+            })
+            .collect();
+        ModelDims {
+            layers,
+            head: (
+                cfg.vocab_size,
+                d,
+                head_type(planner, embd, cfg.vocab_size, d),
+            ),
+            ple_model_proj: (p > 0).then_some((cfg.n_layers * p, d, dev)),
+            embd_type: weights::table_type(embd),
+            ple_type: (p > 0).then_some(weights::table_type(embd)),
+            vocab: cfg.vocab_size,
+        }
+    }
+
+    /// Shapes of a loaded model's tensors, as the engine will upload them.
+    pub fn of_model(model: &Model, planner: &Planner) -> ModelDims {
+        let cfg = model.config();
+        let w = model.weights();
+        let dim = |parts: &[&MatRef]| -> MatDim {
+            let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
+            (
+                parts.iter().map(|p| p.n_out).sum(),
+                parts[0].n_in,
+                weights::device_type(&types).ggml(),
+            )
+        };
+        let layers = w
+            .layers
+            .iter()
+            .map(|lw| LayerDims {
+                qkv: dim(&weights::qkv_parts(lw)),
+                o: dim(&[&lw.attn_output]),
+                gate_up: dim(&[&lw.ffn_gate, &lw.ffn_up]),
+                down: dim(&[&lw.ffn_down]),
+                ple: lw
+                    .ple
+                    .as_ref()
+                    .map(|p| (dim(&[&p.inp_gate]), dim(&[&p.proj]))),
+            })
+            .collect();
+        let t = &w.token_embd;
+        ModelDims {
+            layers,
+            head: (t.n_out, t.n_in, head_type(planner, t.ty, t.n_out, t.n_in)),
+            ple_model_proj: w.ple.as_ref().map(|p| dim(&[&p.model_proj])),
+            embd_type: weights::table_type(t.ty),
+            ple_type: w.ple.as_ref().map(|p| weights::table_type(p.token_embd.ty)),
+            vocab: cfg.vocab_size,
+        }
+    }
+}
+
+/// The weight type the tied head (`token_embd`, `n` x `k`, stored as
+/// `embd`) is read as: Q6_K as it is in the file when `gemv.head` resolves,
+/// at every row count the head runs (1..=GEMV_MAX_ROWS), to a variant that
+/// reads Q6_K GGUF blocks; otherwise the load-time device type (Q8_0 or
+/// Q4_0), converted.
+pub fn head_type(planner: &Planner, embd: GgmlType, n: usize, k: usize) -> GgmlType {
+    let converted = weights::device_type(&[embd]).ggml();
+    let slot = Slot::Gemv(Proj::Head);
+    if embd != GgmlType::Q6K || planner.vendor(slot) {
+        return converted;
+    }
+    let native = (1..=GEMV_MAX_ROWS).all(|m| {
+        planner
+            .resolve(slot, &Problem::matmul(m, n, k, GgmlType::Q6K), &[])
+            .ok()
+            .and_then(|r| MatmulBinding::of(r.family.name(), &r.defines).ok())
+            .is_some_and(|b| b.layout == WeightLayout::GgufBlocks)
+    });
+    if native {
+        GgmlType::Q6K
+    } else {
+        converted
+    }
+}
+
+/// The prefill buckets' row bounds for chunks of at most `ubatch` rows:
+/// every row count above `GEMV_MAX_ROWS` and below `ubatch` at which the
+/// tuned table has an entry, then `ubatch`.
+pub fn prefill_bounds(planner: &Planner, ubatch: usize) -> Vec<usize> {
+    let mut b: BTreeSet<usize> = planner
+        .tuned
+        .iter()
+        .flat_map(|t| t.entries.iter().map(|e| e.m))
+        .filter(|&m| m > GEMV_MAX_ROWS && m < ubatch)
+        .collect();
+    if ubatch > GEMV_MAX_ROWS {
+        b.insert(ubatch);
+    }
+    b.into_iter().collect()
+}
+
+/// Index of a launch in `ForwardPlan::launches`.
+pub type LaunchId = usize;
+
+/// Which function of a variant's module a launch calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Entry {
+    /// The entry `Family::validate` names.
+    Main,
+    /// `gemm_dq_convert`, the f32 -> DQ pre-pass of a gemm_dq / gemm_wgmma
+    /// module, over `[rows][k]`.
+    DqConvert { k: usize },
+}
+
+/// How a launch's grid follows the rows of a prefill chunk smaller than its
+/// bucket's bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GridRule {
+    /// The grid never changes (decode launches; row-blocked GEMVs).
+    Fixed,
+    /// `Family::validate` at the problem with the chunk's rows.
+    Rows,
+    /// The same for an attention problem over a cache of `capacity` slots
+    /// (`capacity` grows to the query count when a chunk exceeds it).
+    AttnRows { capacity: usize },
+}
+
+/// One launch, resolved.
+#[derive(Clone)]
+pub struct PlannedLaunch {
+    pub slot: Slot,
+    pub problem: Problem,
+    pub bound: Vec<(&'static str, DefineValue)>,
+    pub entry: Entry,
+    pub grid: GridRule,
+    pub res: Resolution,
+}
+
+impl PlannedLaunch {
+    /// The geometry of this launch for a prefill chunk of `t` rows.
+    fn geometry_at(&self, t: usize, plan: &ForwardPlan) -> Result<LaunchGeometry, PlanError> {
+        let err = |msg: String| {
+            PlanError::slot(
+                self.slot,
+                format!("{} rows: {msg} ({})", t, self.problem.describe()),
+            )
+        };
+        if let Entry::DqConvert { k } = self.entry {
+            return Ok(MatmulBinding::dq_convert_geometry(t, k));
+        }
+        let p = match (self.grid, self.problem) {
+            (GridRule::Fixed, _) => return Ok(self.res.geo.clone()),
+            (GridRule::Rows, Problem::Matmul(mut m)) => {
+                m.m = t;
+                Problem::Matmul(m)
+            }
+            (GridRule::Rows, Problem::Rows(mut r)) => {
+                r.rows = t;
+                Problem::Rows(r)
+            }
+            (GridRule::AttnRows { capacity }, Problem::Attention(mut a)) => {
+                a.n_q = t;
+                a.capacity = capacity.max(t);
+                Problem::Attention(a)
+            }
+            (rule, p) => return Err(err(format!("grid rule {rule:?} on {}", p.describe()))),
+        };
+        self.res
+            .family
+            .validate(&self.res.defines, &p, &plan.limits)
+            .map_err(err)
+    }
+}
+
+/// The pre-pass producing a projection's input from an f32 buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct PrepassPlan {
+    pub kind: Prepass,
+    pub launch: LaunchId,
+}
+
+/// How a projection runs.
+#[derive(Clone, Debug)]
+pub enum MatmulExec {
+    /// One launch of a matmul family.
+    Kernel {
+        launch: LaunchId,
+        binding: MatmulBinding,
+    },
+    /// A GEMV variant serving a prefill slot: launches on row blocks of at
+    /// most `GEMV_BLOCK` rows; `blocks[i]` serves a block of `i + 1` rows.
+    RowBlocks {
+        blocks: Vec<(LaunchId, MatmulBinding)>,
+    },
+    /// cuBLAS's bf16 GEMM on weights dequantized at load, after
+    /// `act_convert` turned the f32 input into bf16.
+    Vendor { convert: LaunchId },
+}
+
+/// One projection at a bucket's rows.
+#[derive(Clone, Debug)]
+pub struct MatmulPlan {
+    pub proj: Proj,
+    pub slot: Slot,
+    /// (n, k, type) of the matrix as planned.
+    pub dim: MatDim,
+    /// The format the projection reads its input in.
+    pub input: ActFormat,
+    /// When the input comes from an f32 buffer and the variant reads
+    /// another format: the pre-pass that writes it into the `act` buffer.
+    pub prepass: Option<PrepassPlan>,
+    pub exec: MatmulExec,
+}
+
+impl MatmulPlan {
+    /// The bindings of this projection's launches (one, or per row block).
+    pub fn bindings(&self) -> Vec<MatmulBinding> {
+        match &self.exec {
+            MatmulExec::Kernel { binding, .. } => vec![*binding],
+            MatmulExec::RowBlocks { blocks } => blocks.iter().map(|b| b.1).collect(),
+            MatmulExec::Vendor { .. } => Vec::new(),
+        }
+    }
+    /// The fused gate+up GEMV: writes `gelu(gate) * up` in f32 itself.
+    pub fn fuses_gelu(&self) -> bool {
+        self.bindings().iter().any(|b| b.matrices == 2)
+    }
+}
+
+/// One attention call: the kernel and how Q and O travel.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPlan {
+    pub launch: LaunchId,
+    pub kind: AttnKind,
+    /// A decode launch: a programmatic dependent of the launch before it,
+    /// followed by the combine of its splits when its module has one.
+    pub decode: bool,
+    /// The attention reads Q in the cache type, so `qk_norm_rope` writes
+    /// it so (`Q16 = 1`).
+    pub q16: bool,
+    /// The format O is written in: the output projection's input format
+    /// when the variant can write it (no conversion pass between them),
+    /// otherwise f32.
+    pub out: ActFormat,
+}
+
+/// The per-layer-embedding injection of one layer (E2B/E4B).
+#[derive(Clone, Debug)]
+pub struct PleLayerPlan {
+    /// `x += rmsnorm(y) * post_ffw_norm` (the FFN residual, nothing else).
+    pub ffn_residual: LaunchId,
+    /// `inp_gate` projection of the residual stream.
+    pub gate: MatmulPlan,
+    /// `gelu(gate) * ple[l]`, written in `proj`'s input format.
+    pub gelu: LaunchId,
+    pub proj: MatmulPlan,
+}
+
+/// One decoder layer at a bucket's rows.
+#[derive(Clone, Debug)]
+pub struct LayerPlan {
+    /// `act = rmsnorm(x) * attn_norm`, in `qkv`'s format: the first layer,
+    /// and the first after the rows were compacted (otherwise the previous
+    /// layer's end writes it).
+    pub input_norm: LaunchId,
+    pub qkv: MatmulPlan,
+    pub qk_norm_rope: LaunchId,
+    pub attention: AttnPlan,
+    pub o: MatmulPlan,
+    /// `x += rmsnorm(y) * post_attention_norm`, then `act = rmsnorm(x) *
+    /// ffn_norm` in `gate_up`'s format.
+    pub attn_residual: LaunchId,
+    pub gate_up: MatmulPlan,
+    /// `gelu(gate) * up` in `down`'s format; `None` when the gate/up GEMV
+    /// fuses it.
+    pub gelu: Option<LaunchId>,
+    pub down: MatmulPlan,
+    pub ple: Option<PleLayerPlan>,
+    /// The layer's last residual add (the FFN's, or the PLE's) times the
+    /// layer scalar, then the next layer's input norm in its `qkv` format.
+    pub end_with_next_norm: Option<LaunchId>,
+    /// The same without the next norm (the last layer, or before the rows
+    /// are compacted).
+    pub end: LaunchId,
+}
+
+/// The per-layer inputs of E2B/E4B.
+#[derive(Clone, Debug)]
+pub struct PleInputsPlan {
+    /// The model projection of the scaled embedding.
+    pub model_proj: MatmulPlan,
+    /// Gather, chunk norm, sum and 1/sqrt 2 (`ple` kernel).
+    pub gather: LaunchId,
+}
+
+/// Final norm, tied head and softcap.
+#[derive(Clone, Debug)]
+pub struct HeadPlan {
+    pub norm: LaunchId,
+    pub matmul: MatmulPlan,
+    pub softcap: Option<LaunchId>,
+}
+
+/// Every launch of a chunk of at most `rows` rows.
+#[derive(Clone, Debug)]
+pub struct BucketPlan {
+    pub rows: usize,
+    pub embed: LaunchId,
+    pub per_layer_inputs: Option<PleInputsPlan>,
+    pub layers: Vec<LayerPlan>,
+    /// Decode buckets only: the head runs at most `GEMV_MAX_ROWS` rows.
+    pub head: Option<HeadPlan>,
+    /// Every launch of the bucket, ascending.
+    pub launches: Vec<LaunchId>,
+}
+
+/// Adds the layouts projection `m`'s launches read.
+fn add_layouts(lay: &mut ProjLayouts, m: &MatmulPlan) {
+    let l = lay.get_mut(m.proj);
+    if matches!(m.exec, MatmulExec::Vendor { .. }) {
+        l.bf16 = true;
+    }
+    for b in m.bindings() {
+        l.add(b.layout);
+    }
+}
+
+/// The whole forward pass, resolved.
+pub struct ForwardPlan {
+    pub sizing: Sizing,
+    pub limits: gemtune_kernels::family::DeviceLimits,
+    /// Every distinct launch.
+    pub launches: Vec<PlannedLaunch>,
+    /// Decode buckets (1..=8 rows) first, then the prefill buckets by bound.
+    pub buckets: Vec<BucketPlan>,
+    pub layouts: ProjLayouts,
+    /// Some slot is served by cuBLAS.
+    pub uses_vendor: bool,
+    /// `Gemma4Config::compact_from`.
+    pub compact_from: usize,
+    pub profile: String,
+    /// Slot resolutions the planner made while building this plan.
+    pub lookups: usize,
+}
+
+/// The problem of a rows-family launch.
+pub fn rows_problem(rows: usize, width: usize) -> Problem {
+    Problem::Rows(RowsProblem {
+        rows,
+        width,
+        dtype: GgmlType::F32,
+        aux: 0,
+    })
+}
+
+/// The bound defines of an `rmsnorm` launch.
+fn norm_bound(out: ActFormat, add: bool, norm_out: bool) -> Vec<(&'static str, DefineValue)> {
+    vec![
+        ("OUT", DefineValue::Str(out.define().into())),
+        ("ADD", DefineValue::Int(add as i64)),
+        ("NORM_OUT", DefineValue::Int(norm_out as i64)),
+    ]
+}
+
+fn out_bound(out: ActFormat) -> Vec<(&'static str, DefineValue)> {
+    vec![("OUT", DefineValue::Str(out.define().into()))]
+}
+
+/// The attention problem a launch of `n_q` queries on layer `l` is planned
+/// for: only launch-shaping dimensions. Decode (at most 8 queries) is
+/// planned at the largest length the cache reaches, so its fixed grid
+/// covers every later call (the kernel reads the true length on device);
+/// prefill at position 0, its grid depending on the query count only.
+pub fn attn_problem(cfg: &Gemma4Config, l: usize, n_q: usize, s: &Sizing) -> AttnProblem {
+    let lc = &cfg.layers[l];
+    let cap = s.capacity(cfg, l);
+    let decode = n_q <= GEMV_MAX_ROWS;
+    AttnProblem {
+        n_heads: lc.n_heads,
+        n_kv_heads: lc.n_kv_heads,
+        head_dim: lc.head_dim,
+        window: window(cfg, l),
+        q_pos0: if decode {
+            s.max_seq.saturating_sub(n_q)
+        } else {
+            0
+        },
+        n_q,
+        capacity: if decode { cap } else { cap.max(n_q) },
+        kv_type: s.kv_type,
+    }
+}
+
+/// The sliding window of layer `l` (0 on full layers).
+pub fn window(cfg: &Gemma4Config, l: usize) -> usize {
+    match cfg.layers[l].kind {
+        AttnKind::Sliding => cfg.sliding_window,
+        AttnKind::Full => 0,
+    }
+}
+
+/// Bytes of the split-KV partials the decode attention needs at most.
+pub fn attn_scratch_bytes(cfg: &Gemma4Config, s: &Sizing) -> usize {
+    let s32 = Sizing {
+        kv_type: KvType::F32,
+        ..*s
+    };
+    (0..cfg.n_layers)
+        .map(|l| {
+            gemtune_kernels::bind::attention::decode_scratch_bytes(&attn_problem(
+                cfg,
+                l,
+                GEMV_MAX_ROWS,
+                &s32,
+            ))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Builds a plan: resolves each distinct launch once.
+struct Builder<'a> {
+    planner: &'a Planner,
+    cfg: &'a Gemma4Config,
+    sizing: Sizing,
+    launches: Vec<PlannedLaunch>,
+    index: HashMap<String, LaunchId>,
+    /// The launches of the bucket being built.
+    current: BTreeSet<LaunchId>,
+    /// Whether the bucket being built is a prefill bucket.
+    prefill: bool,
+}
+
+impl Builder<'_> {
+    fn push(
+        &mut self,
+        slot: Slot,
+        problem: Problem,
+        bound: Vec<(&'static str, DefineValue)>,
+        grid: GridRule,
+    ) -> Result<LaunchId, PlanError> {
+        let grid = if self.prefill { grid } else { GridRule::Fixed };
+        let key = format!(
+            "{slot}|{}|{}|{grid:?}",
+            problem.describe(),
+            bound
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        if let Some(&id) = self.index.get(&key) {
+            self.current.insert(id);
+            return Ok(id);
+        }
+        let res = self.planner.resolve(slot, &problem, &bound)?;
+        let id = self.launches.len();
+        self.launches.push(PlannedLaunch {
+            slot,
+            problem,
+            bound,
+            entry: Entry::Main,
+            grid,
+            res,
+        });
+        self.index.insert(key, id);
+        self.current.insert(id);
+        Ok(id)
+    }
+
+    /// The `gemm_dq_convert` entry of launch `main`'s module over `[m][k]`.
+    fn dq_convert(&mut self, main: LaunchId, m: usize, k: usize) -> LaunchId {
+        let key = format!("dq_convert|{main}|{m}|{k}|{}", self.prefill);
+        if let Some(&id) = self.index.get(&key) {
+            self.current.insert(id);
+            return id;
+        }
+        let base = &self.launches[main];
+        let mut res = base.res.clone();
+        res.geo = MatmulBinding::dq_convert_geometry(m, k);
+        let l = PlannedLaunch {
+            slot: base.slot,
+            problem: base.problem,
+            bound: base.bound.clone(),
+            entry: Entry::DqConvert { k },
+            grid: if self.prefill {
+                GridRule::Rows
+            } else {
+                GridRule::Fixed
+            },
+            res,
+        };
+        let id = self.launches.len();
+        self.launches.push(l);
+        self.index.insert(key, id);
+        self.current.insert(id);
+        id
+    }
+
+    fn binding(&self, id: LaunchId) -> Result<MatmulBinding, PlanError> {
+        let l = &self.launches[id];
+        MatmulBinding::of(l.res.family.name(), &l.res.defines)
+            .map_err(|msg| PlanError::slot(l.slot, msg))
+    }
+
+    /// Projection `proj` of a `dim` matrix at `m` rows. `from_f32`: its
+    /// input comes from an f32 buffer (a pre-pass converts it when the
+    /// variant reads another format); otherwise the producer writes the
+    /// input format itself.
+    fn matmul(
+        &mut self,
+        proj: Proj,
+        dim: MatDim,
+        m: usize,
+        from_f32: bool,
+    ) -> Result<MatmulPlan, PlanError> {
+        let slot = Slot::matmul(proj, m);
+        let (n, k, t) = dim;
+        if self.planner.vendor(slot) {
+            let convert =
+                self.push(Slot::ActConvert, rows_problem(m, k), vec![], GridRule::Rows)?;
+            return Ok(MatmulPlan {
+                proj,
+                slot,
+                dim,
+                input: ActFormat::F32,
+                prepass: None,
+                exec: MatmulExec::Vendor { convert },
+            });
+        }
+        let (exec, binding, main) = if self.planner.row_chunked(slot) && m > GEMV_BLOCK {
+            let mut blocks = Vec::with_capacity(GEMV_BLOCK);
+            for mc in 1..=GEMV_BLOCK {
+                let id = self.push(slot, Problem::matmul(mc, n, k, t), vec![], GridRule::Fixed)?;
+                blocks.push((id, self.binding(id)?));
+            }
+            let (main, binding) = blocks[GEMV_BLOCK - 1];
+            if blocks.iter().any(|b| b.1.act != binding.act) {
+                return Err(PlanError::slot(
+                    slot,
+                    "the row-block GEMV variants read different activation formats",
+                ));
+            }
+            (MatmulExec::RowBlocks { blocks }, binding, main)
+        } else {
+            let id = self.push(slot, Problem::matmul(m, n, k, t), vec![], GridRule::Rows)?;
+            let binding = self.binding(id)?;
+            (
+                MatmulExec::Kernel {
+                    launch: id,
+                    binding,
+                },
+                binding,
+                id,
+            )
+        };
+        let prepass = match (from_f32, binding.prepass) {
+            (false, _) | (true, Prepass::None) => None,
+            (true, Prepass::QuantizeQ8_1) => Some(PrepassPlan {
+                kind: Prepass::QuantizeQ8_1,
+                launch: self.push(
+                    Slot::QuantizeQ8_1,
+                    Problem::matmul(m, 1, k, GgmlType::Q8_0),
+                    vec![],
+                    GridRule::Rows,
+                )?,
+            }),
+            (true, Prepass::DqConvert) => Some(PrepassPlan {
+                kind: Prepass::DqConvert,
+                launch: self.dq_convert(main, m, k),
+            }),
+        };
+        Ok(MatmulPlan {
+            proj,
+            slot,
+            dim,
+            input: binding.act,
+            prepass,
+            exec,
+        })
+    }
+
+    /// The format projection `proj` reads at `m` rows, without planning it.
+    fn input_format(&self, proj: Proj, dim: MatDim, m: usize) -> Result<ActFormat, PlanError> {
+        let slot = Slot::matmul(proj, m);
+        if self.planner.vendor(slot) {
+            return Ok(ActFormat::F32);
+        }
+        let rows = if self.planner.row_chunked(slot) {
+            m.min(GEMV_BLOCK)
+        } else {
+            m
+        };
+        let r = self
+            .planner
+            .resolve(slot, &Problem::matmul(rows, dim.0, dim.1, dim.2), &[])?;
+        MatmulBinding::of(r.family.name(), &r.defines)
+            .map(|b| b.act)
+            .map_err(|msg| PlanError::slot(slot, msg))
+    }
+
+    /// Layer `l`'s attention call at `r` rows, its O written in `o_fmt`
+    /// where the resolved variant can write it.
+    fn attention(&mut self, l: usize, r: usize, o_fmt: ActFormat) -> Result<AttnPlan, PlanError> {
+        let kind = self.cfg.layers[l].kind;
+        let slot = Slot::attention(kind, r);
+        let a = attn_problem(self.cfg, l, r, &self.sizing);
+        let p = Problem::Attention(a);
+        let first = self.planner.resolve(slot, &p, &[])?;
+        let q16 = first.defines.get("Q16") == Some(&DefineValue::Int(1));
+        let mut d = first.defines.clone();
+        d.insert("OUT".into(), DefineValue::Str(o_fmt.define().into()));
+        let writes = o_fmt != ActFormat::F32
+            && first.family.declared_defines().iter().any(|x| x == "OUT")
+            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
+        let out = if writes { o_fmt } else { ActFormat::F32 };
+        let capacity = self.sizing.capacity(self.cfg, l);
+        let launch = self.push(slot, p, out_bound(out), GridRule::AttnRows { capacity })?;
+        Ok(AttnPlan {
+            launch,
+            kind,
+            decode: slot.is_decode_attention(),
+            q16,
+            out,
+        })
+    }
+
+    fn bucket(&mut self, dims: &ModelDims, r: usize) -> Result<BucketPlan, PlanError> {
+        self.prefill = r > GEMV_MAX_ROWS;
+        self.current.clear();
+        let cfg = self.cfg;
+        let d = cfg.d_model;
+        let embed = self.push(
+            Slot::Embed,
+            Problem::Rows(RowsProblem {
+                rows: r,
+                width: d,
+                dtype: dims.embd_type,
+                aux: 0,
+            }),
+            vec![],
+            GridRule::Rows,
+        )?;
+        let per_layer_inputs = match (dims.ple_model_proj, dims.ple_type) {
+            (Some(mp), Some(t)) => Some(PleInputsPlan {
+                model_proj: self.matmul(Proj::Ple, mp, r, true)?,
+                gather: self.push(
+                    Slot::Ple,
+                    Problem::Rows(RowsProblem {
+                        rows: r,
+                        width: cfg.n_layers * cfg.ple_dim,
+                        dtype: t,
+                        aux: cfg.ple_dim,
+                    }),
+                    vec![],
+                    GridRule::Rows,
+                )?,
+            }),
+            _ => None,
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for (l, ld) in dims.layers.iter().enumerate() {
+            let qkv = self.matmul(Proj::Qkv, ld.qkv, r, false)?;
+            let input_norm = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                norm_bound(qkv.input, false, true),
+                GridRule::Rows,
+            )?;
+            let o_fmt = self.input_format(Proj::O, ld.o, r)?;
+            let attention = self.attention(l, r, o_fmt)?;
+            let a = attn_problem(cfg, l, r, &self.sizing);
+            let qk_norm_rope = self.push(
+                Slot::QkNormRope,
+                Problem::Attention(a),
+                vec![("Q16", DefineValue::Int(attention.q16 as i64))],
+                GridRule::AttnRows {
+                    capacity: self.sizing.capacity(cfg, l),
+                },
+            )?;
+            let o = self.matmul(Proj::O, ld.o, r, attention.out == ActFormat::F32)?;
+            let gate_up = self.matmul(Proj::GateUp, ld.gate_up, r, false)?;
+            let attn_residual = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                norm_bound(gate_up.input, true, true),
+                GridRule::Rows,
+            )?;
+            let fused = gate_up.fuses_gelu();
+            let down = self.matmul(Proj::Down, ld.down, r, fused)?;
+            let gelu = if fused {
+                None
+            } else {
+                Some(self.push(
+                    Slot::GeluMul,
+                    rows_problem(r, ld.gate_up.0 / 2),
+                    out_bound(down.input),
+                    GridRule::Rows,
+                )?)
+            };
+            let end_bound = norm_bound(ActFormat::F32, true, false);
+            let ple = match ld.ple {
+                Some((g, p)) => {
+                    let ffn_residual = self.push(
+                        Slot::RmsNorm,
+                        rows_problem(r, d),
+                        end_bound.clone(),
+                        GridRule::Rows,
+                    )?;
+                    let gate = self.matmul(Proj::Ple, g, r, true)?;
+                    let proj = self.matmul(Proj::Ple, p, r, false)?;
+                    let gelu = self.push(
+                        Slot::GeluMul,
+                        rows_problem(r, cfg.ple_dim),
+                        out_bound(proj.input),
+                        GridRule::Rows,
+                    )?;
+                    Some(PleLayerPlan {
+                        ffn_residual,
+                        gate,
+                        gelu,
+                        proj,
+                    })
+                }
+                None => None,
+            };
+            let end_with_next_norm = match dims.layers.get(l + 1) {
+                Some(next) => {
+                    let f = self.input_format(Proj::Qkv, next.qkv, r)?;
+                    Some(self.push(
+                        Slot::RmsNorm,
+                        rows_problem(r, d),
+                        norm_bound(f, true, true),
+                        GridRule::Rows,
+                    )?)
+                }
+                None => None,
+            };
+            let end = self.push(Slot::RmsNorm, rows_problem(r, d), end_bound, GridRule::Rows)?;
+            layers.push(LayerPlan {
+                input_norm,
+                qkv,
+                qk_norm_rope,
+                attention,
+                o,
+                attn_residual,
+                gate_up,
+                gelu,
+                down,
+                ple,
+                end_with_next_norm,
+                end,
+            });
+        }
+        let head = if r <= GEMV_MAX_ROWS {
+            let matmul = self.matmul(Proj::Head, dims.head, r, false)?;
+            let norm = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                norm_bound(matmul.input, false, true),
+                GridRule::Fixed,
+            )?;
+            let softcap = match cfg.final_logit_softcap {
+                Some(_) => Some(self.push(
+                    Slot::Softcap,
+                    rows_problem(r, dims.vocab),
+                    vec![],
+                    GridRule::Fixed,
+                )?),
+                None => None,
+            };
+            Some(HeadPlan {
+                norm,
+                matmul,
+                softcap,
+            })
+        } else {
+            None
+        };
+        Ok(BucketPlan {
+            rows: r,
+            embed,
+            per_layer_inputs,
+            layers,
+            head,
+            launches: self.current.iter().copied().collect(),
+        })
+    }
+}
+
+impl ForwardPlan {
+    /// Resolves every launch of every bucket (no GPU work).
+    pub fn resolve(
+        planner: &Planner,
+        cfg: &Gemma4Config,
+        dims: &ModelDims,
+        sizing: Sizing,
+    ) -> Result<ForwardPlan, PlanError> {
+        let before = planner.lookups();
+        let mut b = Builder {
+            planner,
+            cfg,
+            sizing,
+            launches: Vec::new(),
+            index: HashMap::new(),
+            current: BTreeSet::new(),
+            prefill: false,
+        };
+        let mut rows: Vec<usize> = (1..=GEMV_MAX_ROWS.min(sizing.ubatch)).collect();
+        rows.extend(prefill_bounds(planner, sizing.ubatch));
+        let mut buckets = Vec::with_capacity(rows.len());
+        for r in rows {
+            buckets.push(b.bucket(dims, r)?);
+        }
+        let mut layouts = ProjLayouts::default();
+        layouts.head_native = dims.head.2 == GgmlType::Q6K;
+        let mut uses_vendor = false;
+        for bk in &buckets {
+            let mut each = |m: &MatmulPlan| {
+                uses_vendor |= matches!(m.exec, MatmulExec::Vendor { .. });
+                add_layouts(&mut layouts, m);
+            };
+            if let Some(p) = &bk.per_layer_inputs {
+                each(&p.model_proj);
+            }
+            for l in &bk.layers {
+                each(&l.qkv);
+                each(&l.o);
+                each(&l.gate_up);
+                each(&l.down);
+                if let Some(p) = &l.ple {
+                    each(&p.gate);
+                    each(&p.proj);
+                }
+            }
+            if let Some(h) = &bk.head {
+                each(&h.matmul);
+            }
+        }
+        Ok(ForwardPlan {
+            sizing,
+            limits: planner.limits.clone(),
+            launches: b.launches,
+            buckets,
+            layouts,
+            uses_vendor,
+            compact_from: cfg.compact_from(),
+            profile: planner.profile.name.clone(),
+            lookups: planner.lookups() - before,
+        })
+    }
+
+    /// The bucket a chunk of `rows` rows runs (`rows` >= 1 and at most
+    /// the chunk size).
+    pub fn bucket(&self, rows: usize) -> Option<&BucketPlan> {
+        if rows <= GEMV_MAX_ROWS {
+            return self.buckets.get(rows.checked_sub(1)?);
+        }
+        self.buckets[GEMV_MAX_ROWS.min(self.buckets.len())..]
+            .iter()
+            .find(|b| b.rows >= rows)
+    }
+
+    /// Compiles and loads every launch, each distinct (family, defines)
+    /// module once.
+    pub fn load(&self, gpu: &Gpu, cache: &KernelCache) -> Result<LoadedKernels, PlanError> {
+        let mut kernels = Vec::with_capacity(self.launches.len());
+        let mut combine = Vec::with_capacity(self.launches.len());
+        for l in &self.launches {
+            let gpu_err = |err: GpuError| PlanError::Gpu {
+                slot: l.slot.name().to_string(),
+                err,
+            };
+            let k = cache
+                .kernel(gpu, l.res.family, &l.res.defines, l.res.geo.clone())
+                .map_err(gpu_err)?;
+            let c = match (l.slot.is_decode_attention(), l.problem) {
+                (true, Problem::Attention(a)) if k.has_sibling("attn_combine") => Some(
+                    k.sibling(gemtune_kernels::families::attention::combine_geometry(&a))
+                        .map_err(gpu_err)?,
+                ),
+                _ => None,
+            };
+            kernels.push(k);
+            combine.push(c);
+        }
+        Ok(LoadedKernels { kernels, combine })
+    }
+
+    /// The kernels of bucket `b` with their grids for a chunk of `t` rows
+    /// (`t` below the bucket's bound; launches outside the bucket keep
+    /// their planned geometry).
+    pub fn kernels_at(
+        &self,
+        loaded: &LoadedKernels,
+        b: &BucketPlan,
+        t: usize,
+    ) -> Result<Vec<Kernel>, PlanError> {
+        let mut out = loaded.kernels.clone();
+        for &id in &b.launches {
+            let l = &self.launches[id];
+            if l.grid == GridRule::Fixed {
+                continue;
+            }
+            let geo = l.geometry_at(t, self)?;
+            out[id] = if geo.kernel == out[id].geo.kernel {
+                out[id].with_geometry(geo)
+            } else {
+                out[id].sibling(geo).map_err(|err| PlanError::Gpu {
+                    slot: l.slot.name().to_string(),
+                    err,
+                })?
+            };
+        }
+        Ok(out)
+    }
+
+    /// Every decision, for `run -v`: one per launch.
+    pub fn decisions(&self) -> Vec<Decision> {
+        self.launches
+            .iter()
+            .filter(|l| l.entry == Entry::Main)
+            .map(|l| Decision {
+                slot: l.slot.name().to_string(),
+                problem: l.problem.describe(),
+                family: l.res.family.name().to_string(),
+                defines: canonical(&l.res.defines),
+                why: l.res.why.clone(),
+            })
+            .collect()
+    }
+
+    /// The plan as `run -v` prints it: the buckets, then each distinct
+    /// (slot, variant) with the bucket rows it serves and why it was
+    /// chosen.
+    pub fn describe(&self) -> Vec<String> {
+        let bounds: Vec<String> = self.buckets.iter().map(|b| b.rows.to_string()).collect();
+        let mut v = vec![format!(
+            "plan: {} launches over {} row buckets ({}), profile {}; layers from {} carry only the rows whose logits are wanted",
+            self.launches.len(),
+            self.buckets.len(),
+            bounds.join(", "),
+            self.profile,
+            self.compact_from
+        )];
+        let mut rows_of: Vec<(String, BTreeSet<usize>)> = Vec::new();
+        for b in &self.buckets {
+            for &id in &b.launches {
+                let l = &self.launches[id];
+                if l.entry != Entry::Main {
+                    continue;
+                }
+                let line = format!(
+                    "{}: {} {} <- {}",
+                    l.slot,
+                    l.res.family.name(),
+                    canonical(&l.res.defines),
+                    l.res.why
+                );
+                match rows_of.iter_mut().find(|(s, _)| *s == line) {
+                    Some((_, r)) => {
+                        r.insert(b.rows);
+                    }
+                    None => rows_of.push((line, BTreeSet::from([b.rows]))),
+                }
+            }
+        }
+        rows_of.sort_by_key(|(s, _)| Slot::from_name(s.split(':').next().unwrap_or("")));
+        for (line, rows) in rows_of {
+            let r: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+            v.push(format!("{line} [rows {}]", r.join(",")));
+        }
+        v
+    }
+}
+
+/// The loaded kernel of every launch (`ForwardPlan::launches` order), and
+/// the combine that follows a decode attention launch with splits.
+pub struct LoadedKernels {
+    pub kernels: Vec<Kernel>,
+    pub combine: Vec<Option<Kernel>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+    use crate::synth::{self, SynthVariant, WeightType};
+    use gemtune_kernels::compile::Arch;
+    use gemtune_kernels::family::DeviceLimits;
+
+    fn plan(profile: &str, v: SynthVariant, ubatch: usize) -> (ForwardPlan, Planner) {
+        let planner = Planner::new(
+            Profile::load(profile).expect("profile"),
+            None,
+            DeviceLimits::for_arch(Arch(90)),
+        );
+        let cfg = synth::preset(v);
+        let wt = WeightType::Q8_0;
+        let dims = ModelDims::from_config(
+            &cfg,
+            wt.matrix_type(),
+            wt.embedding_type(cfg.d_model as u64),
+            &planner,
+        );
+        let sizing = Sizing {
+            max_seq: 4096.min(cfg.context_length),
+            ubatch,
+            kv_type: KvType::F16,
+        };
+        let p = ForwardPlan::resolve(&planner, &cfg, &dims, sizing).expect("plan");
+        (p, planner)
+    }
+
+    #[test]
+    fn buckets_cover_every_chunk_length() {
+        let (p, _) = plan("main", SynthVariant::E4b, 512);
+        for t in 1..=512 {
+            let b = p.bucket(t).expect("a bucket");
+            assert!(b.rows >= t, "{t} rows in a bucket of {}", b.rows);
+            if t <= GEMV_MAX_ROWS {
+                assert_eq!(b.rows, t);
+                assert!(b.head.is_some());
+            } else {
+                assert!(b.head.is_none());
+            }
+        }
+        assert!(p.bucket(0).is_none() && p.bucket(513).is_none());
+    }
+
+    #[test]
+    fn every_bucket_plans_every_layer_and_each_launch_is_resolved_once() {
+        let (p, planner) = plan("main", SynthVariant::E2b, 2048);
+        let cfg = synth::preset(SynthVariant::E2b);
+        assert_eq!(p.lookups, planner.lookups());
+        for b in &p.buckets {
+            assert_eq!(b.layers.len(), cfg.n_layers);
+            assert!(b.per_layer_inputs.is_some(), "E2B has per-layer inputs");
+            for (l, lp) in b.layers.iter().enumerate() {
+                assert_eq!(lp.ple.is_some(), cfg.ple_dim > 0);
+                assert_eq!(lp.end_with_next_norm.is_some(), l + 1 < cfg.n_layers);
+            }
+        }
+        let mut keys = BTreeSet::new();
+        for l in &p.launches {
+            assert!(keys.insert((
+                l.slot,
+                l.problem.describe(),
+                format!("{:?}", l.bound),
+                format!("{:?}", l.entry),
+                format!("{:?}", l.grid)
+            )));
+        }
+    }
+
+    #[test]
+    fn prefill_geometry_follows_the_chunk_rows() {
+        let (p, _) = plan("main", SynthVariant::E4b, 2048);
+        let b = p.bucket(2048).expect("bucket");
+        for &id in &b.launches {
+            let l = &p.launches[id];
+            let full = l.geometry_at(2048, &p).expect("geometry at the bound");
+            assert_eq!(full.grid, l.res.geo.grid, "{}", l.slot);
+            let small = l.geometry_at(100, &p).expect("geometry at 100 rows");
+            if l.grid != GridRule::Fixed {
+                let (a, z) = (full.grid, small.grid);
+                assert!(
+                    a.0 as u64 * a.1 as u64 * a.2 as u64 >= z.0 as u64 * z.1 as u64 * z.2 as u64,
+                    "{}: {a:?} at 2048 rows, {z:?} at 100",
+                    l.slot
+                );
+            }
+        }
+    }
+}

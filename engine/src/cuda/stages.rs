@@ -1,0 +1,625 @@
+//! The stages of Gemma 4's forward pass on the GPU, each executing its part
+//! of a `BucketPlan`: `embed`, `per_layer_inputs`, then per layer
+//! `input_norm`, `attention_block`, `attn_residual`, `ffn_block`,
+//! `ple_injection` and `layer_end`, and last `head`. Nothing here chooses a
+//! kernel, a format or a layout: the plan did, at load. A stage builds the
+//! argument lists from the fixed-address buffers and the weights, and
+//! launches the planned kernels (`k[id]`, the kernels at the chunk's grid).
+
+use gemtune_kernels::bind::attention as battn;
+use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
+use gemtune_kernels::bind::rows as brows;
+use gemtune_kernels::bind::{Act, ActFormat, DevPtr, NULL};
+use gemtune_kernels::gpu::{DeviceBuffer, KArg};
+use gemtune_kernels::reference::cublas::GemmType;
+use gemtune_kernels::runtime::Kernel;
+
+use super::engine::{dev, CudaEngine};
+use super::forward_plan::{
+    window, AttnPlan, BucketPlan, HeadPlan, LaunchId, LayerPlan, MatmulExec, MatmulPlan,
+};
+use super::planner::GEMV_BLOCK;
+use super::slots::Phase;
+use super::weights::GpuMatrix;
+use crate::engine::EngineError;
+
+/// Where a chunk's rows stand in the layer loop.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows {
+    /// Rows carried.
+    pub n: usize,
+    /// Index into the device `pos` array of the first row's position.
+    pub pos_slot: usize,
+    /// Host copy of that position.
+    pub pos0: usize,
+}
+
+impl CudaEngine<'_> {
+    pub(super) fn mark(&self, phase: Phase) -> Result<(), EngineError> {
+        if let Some(p) = self.phases.borrow_mut().as_mut() {
+            p.mark(&self.gpu, phase).map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&self, k: &[Kernel], id: LaunchId, args: &[KArg]) -> Result<(), EngineError> {
+        k[id].launch(&self.gpu, args).map_err(dev)
+    }
+
+    /// The activation buffer in `format` (main plane and Q8_1 scales).
+    fn act(&self, format: ActFormat) -> Act {
+        Act {
+            format,
+            data: self.b.act.ptr(),
+            scales: if format == ActFormat::Q8_1 {
+                self.b.act_scales.ptr()
+            } else {
+                NULL
+            },
+        }
+    }
+
+    /// The input of projection `m` at `rows` rows whose producer wrote f32
+    /// `src`: converted into the `act` buffer by the planned pre-pass, or
+    /// `src` itself when the projection reads f32.
+    fn input_from_f32(
+        &self,
+        k: &[Kernel],
+        m: &MatmulPlan,
+        src: DevPtr,
+        rows: usize,
+    ) -> Result<Act, EngineError> {
+        let Some(pp) = m.prepass else {
+            return Ok(Act::f32(src));
+        };
+        let act = self.act(m.input);
+        let kk = m.dim.1;
+        let args = match pp.kind {
+            Prepass::None => return Ok(Act::f32(src)),
+            Prepass::QuantizeQ8_1 => vec![
+                KArg::Ptr(src),
+                KArg::Ptr(act.data),
+                KArg::Ptr(act.scales),
+                KArg::U64((rows * kk) as u64),
+            ],
+            Prepass::DqConvert => vec![
+                KArg::Ptr(src),
+                KArg::Ptr(act.data),
+                KArg::U64((rows * kk / 2) as u64),
+            ],
+        };
+        self.mark(Phase::ActConvert)?;
+        self.launch(k, pp.launch, &args)?;
+        Ok(act)
+    }
+
+    /// The input of projection `m` that its producer wrote into the `act`
+    /// buffer in the projection's format.
+    fn input_in_act(&self, m: &MatmulPlan) -> Act {
+        self.act(m.input)
+    }
+
+    /// `y = x W^T` for projection `m` at `rows` rows (`x` in `m.input`).
+    fn matmul(
+        &self,
+        k: &[Kernel],
+        m: &MatmulPlan,
+        w: &GpuMatrix,
+        x: &Act,
+        y: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let phase = m.proj.phase();
+        match &m.exec {
+            MatmulExec::Vendor { convert } => self.vendor_matmul(k, *convert, phase, w, x, y, rows),
+            MatmulExec::Kernel { launch, binding } => {
+                self.mark(phase)?;
+                self.matmul_launch(k, *launch, binding, w, x, (y, 0), rows)
+            }
+            MatmulExec::RowBlocks { blocks } => {
+                self.mark(phase)?;
+                let mut r0 = 0;
+                while r0 < rows {
+                    let mc = GEMV_BLOCK.min(rows - r0);
+                    let (id, b) = &blocks[mc - 1];
+                    let xs = Act {
+                        format: x.format,
+                        data: x.data + (x.format.bytes(r0, w.k)) as u64,
+                        scales: if x.scales == NULL {
+                            NULL
+                        } else {
+                            x.scales + (x.format.scale_bytes(r0, w.k)) as u64
+                        },
+                    };
+                    let ys = (y, 4 * r0 * (w.n / b.matrices));
+                    self.matmul_launch(k, *id, b, w, &xs, ys, mc)?;
+                    r0 += mc;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_launch(
+        &self,
+        k: &[Kernel],
+        id: LaunchId,
+        b: &MatmulBinding,
+        w: &GpuMatrix,
+        x: &Act,
+        (y, y_off): (&DeviceBuffer, usize),
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let n = w.n / b.matrices;
+        if b.zero_output {
+            self.gpu
+                .fill_u32_range(y, y_off, rows * w.n, 0)
+                .map_err(dev)?;
+        }
+        let mut ws = [Weights { q: NULL, d: NULL }; 2];
+        for (i, slot) in ws.iter_mut().enumerate().take(b.matrices) {
+            *slot = w.weights_from(b.layout, i * n).map_err(dev)?;
+        }
+        let args = b
+            .kargs(&ws[..b.matrices], x, y.ptr() + y_off as u64, rows, n, w.k)
+            .map_err(|e| EngineError::Device(format!("{}: {e}", w.name)))?;
+        self.launch(k, id, &args)
+    }
+
+    /// The vendor arm: `x` (f32) converted to bf16 by `act_convert`, then
+    /// cuBLAS's bf16 GEMM on the weights dequantized at load.
+    #[allow(clippy::too_many_arguments)]
+    fn vendor_matmul(
+        &self,
+        k: &[Kernel],
+        convert: LaunchId,
+        phase: Phase,
+        w: &GpuMatrix,
+        x: &Act,
+        y: &DeviceBuffer,
+        m: usize,
+    ) -> Result<(), EngineError> {
+        let err = |msg: String| EngineError::Device(format!("{} (cuBLAS): {msg}", w.name));
+        let cublas = self
+            .cublas
+            .as_ref()
+            .ok_or_else(|| err("cuBLAS was not loaded".into()))?;
+        let wb = match w.bf16() {
+            Some(wb) if x.format == ActFormat::F32 => wb,
+            _ => return Err(err("no bf16 weights, or operands not in f32".into())),
+        };
+        self.mark(Phase::ActConvert)?;
+        let args = [
+            KArg::Ptr(x.data),
+            KArg::Ptr(self.b.act16.ptr()),
+            KArg::U64((m * w.k) as u64),
+        ];
+        self.launch(k, convert, &args)?;
+        self.mark(phase)?;
+        cublas
+            .gemm_tn(&self.gpu, GemmType::Bf16, m, w.n, w.k, wb, &self.b.act16, y)
+            .map_err(|e| err(e.to_string()))
+    }
+
+    /// The sandwich-norm kernel: with `add`, `h += rmsnorm(y) * w_add`
+    /// (times the layer scalar at `scale`); then, with `out`, the norm of
+    /// `h` times `w_out` in `out`'s format. The launch `id` was planned for
+    /// exactly these formats.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm(
+        &self,
+        k: &[Kernel],
+        id: LaunchId,
+        h: DevPtr,
+        add: Option<(DevPtr, DevPtr)>,
+        scale: DevPtr,
+        out: Option<(DevPtr, Act)>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        self.mark(Phase::Norm)?;
+        let cfg = self.model.config();
+        let a = brows::RmsNormArgs {
+            h,
+            y: add.map(|a| a.0).unwrap_or(NULL),
+            w_add: add.map(|a| a.1).unwrap_or(NULL),
+            scale,
+            w_out: out.map(|o| o.0).unwrap_or(NULL),
+            out: out.map(|o| o.1).unwrap_or(Act::f32(NULL)),
+            rows,
+            width: cfg.d_model,
+            eps: cfg.rms_eps,
+        };
+        self.launch(k, id, &a.kargs())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gelu_mul(
+        &self,
+        k: &[Kernel],
+        id: LaunchId,
+        g: (DevPtr, usize),
+        u: (DevPtr, usize),
+        out: Act,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), EngineError> {
+        self.mark(Phase::Gelu)?;
+        let a = brows::GeluMulArgs {
+            g: g.0,
+            g_stride: g.1,
+            u: u.0,
+            u_stride: u.1,
+            out,
+            rows,
+            width,
+        };
+        self.launch(k, id, &a.kargs())
+    }
+
+    /// `x = dequant(E[token]) * sqrt(d)` for the chunk's `t` tokens.
+    pub(super) fn embed(&self, k: &[Kernel], bp: &BucketPlan, t: usize) -> Result<(), EngineError> {
+        let cfg = self.model.config();
+        self.mark(Phase::Embed)?;
+        let a = brows::EmbedArgs {
+            tokens: self.b.tokens.ptr(),
+            table: self.w.embd.buf.ptr(),
+            out: self.b.x.ptr(),
+            rows: t,
+            width: cfg.d_model,
+            scale: cfg.embed_scale(),
+        };
+        self.launch(k, bp.embed, &a.kargs())
+    }
+
+    /// The per-layer inputs of E2B/E4B: the model projection of the scaled
+    /// embedding, then the `ple` kernel (gather, chunk norm, sum, 1/sqrt 2).
+    pub(super) fn per_layer_inputs(
+        &self,
+        k: &[Kernel],
+        bp: &BucketPlan,
+        t: usize,
+    ) -> Result<(), EngineError> {
+        let cfg = self.model.config();
+        let (Some(pp), Some(mp), Some(table), Some(norm)) = (
+            bp.per_layer_inputs.as_ref(),
+            self.w.ple_model_proj.as_ref(),
+            self.w.ple_table.as_ref(),
+            self.w.ple_proj_norm.as_ref(),
+        ) else {
+            return Ok(());
+        };
+        let x = self.input_from_f32(k, &pp.model_proj, self.b.x.ptr(), t)?;
+        self.matmul(k, &pp.model_proj, mp, &x, &self.b.ple_proj, t)?;
+        self.mark(Phase::Ple)?;
+        let a = brows::PleArgs {
+            tokens: self.b.tokens.ptr(),
+            table: table.buf.ptr(),
+            proj: self.b.ple_proj.ptr(),
+            proj_norm: norm.ptr(),
+            out: self.b.ple.ptr(),
+            rows: t,
+            n_layers: cfg.n_layers,
+            ple_dim: cfg.ple_dim,
+            proj_scale: 1.0 / (cfg.d_model as f32).sqrt(),
+            tok_scale: (cfg.ple_dim as f32).sqrt(),
+            eps: cfg.rms_eps,
+        };
+        self.launch(k, pp.gather, &a.kargs())
+    }
+
+    /// `act = rmsnorm(x) * attn_norm` for layer `l`, in its QKV format.
+    pub(super) fn input_norm(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let lw = &self.w.layers[l];
+        let out = self.input_in_act(&lp.qkv);
+        self.rmsnorm(
+            k,
+            lp.input_norm,
+            self.b.x.ptr(),
+            None,
+            NULL,
+            Some((lw.attn_norm.ptr(), out)),
+            rows.n,
+        )
+    }
+
+    /// Attention block: the QKV projection, Q/K norms with RoPE and the
+    /// cache write, attention over the layer's (or its donor's) cache, and
+    /// the output projection into `y`.
+    pub(super) fn attention_block(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let cfg = self.model.config();
+        let lc = &cfg.layers[l];
+        let r = rows.n;
+        let lw = &self.w.layers[l];
+        let x_in = self.input_in_act(&lp.qkv);
+        self.matmul(k, &lp.qkv, &lw.qkv, &x_in, &self.b.qkv, r)?;
+
+        let total = lw.qkv.n;
+        let (qd, kvd) = (lc.q_dim(), lc.kv_dim());
+        let base = self.b.qkv.ptr();
+        let cache = self
+            .kv
+            .for_layer(l)
+            .ok_or_else(|| EngineError::Device(format!("layer {l}: no KV cache to read")))?;
+        let owns = self.kv.owns(l);
+        let k_in = if owns { base + 4 * qd as u64 } else { NULL };
+        let v_in = match (owns, lc.k_eq_v) {
+            (false, _) => NULL,
+            (true, true) => k_in,
+            (true, false) => base + 4 * (qd + kvd) as u64,
+        };
+        let pos0_dev = self.b.pos.ptr() + 4 * rows.pos_slot as u64;
+        let a = brows::QkNormRopeArgs {
+            q_in: base,
+            q_stride: total,
+            k_in,
+            k_stride: total,
+            v_in,
+            v_stride: total,
+            q_norm: lw.q_norm.ptr(),
+            k_norm: lw.k_norm.as_ref().map(|b| b.ptr()).unwrap_or(NULL),
+            inv_freq: self.w.rope(lc.kind).ptr(),
+            pos0: pos0_dev,
+            q_out: self.b.q.ptr(),
+            k_cache: if owns { cache.k.ptr() } else { NULL },
+            v_cache: if owns { cache.v.ptr() } else { NULL },
+            capacity: cache.capacity,
+            rows: r,
+            n_heads: lc.n_heads,
+            n_kv_heads: lc.n_kv_heads,
+            eps: cfg.rms_eps,
+        };
+        self.mark(Phase::RopeKv)?;
+        self.launch(k, lp.qk_norm_rope, &a.kargs())?;
+
+        let ap: &AttnPlan = &lp.attention;
+        let o_act = (ap.out != ActFormat::F32).then(|| self.act(ap.out));
+        self.mark(Phase::attention(ap.kind))?;
+        let args = battn::AttnArgs {
+            q: self.b.q.ptr(),
+            k_cache: cache.k.ptr(),
+            v_cache: cache.v.ptr(),
+            out: o_act.map_or(self.b.o.ptr(), |a| a.data),
+            pos0_host: rows.pos0,
+            pos0_dev,
+            n_q: r,
+            capacity: cache.capacity,
+            n_heads: lc.n_heads,
+            n_kv_heads: lc.n_kv_heads,
+            window: window(cfg, l),
+            scratch: self.b.attn_scratch.ptr(),
+        };
+        battn::launch_planned(
+            &k[ap.launch],
+            ap.decode,
+            self.kernels.combine[ap.launch].as_ref(),
+            &self.gpu,
+            &args,
+        )
+        .map_err(dev)?;
+
+        let o = match o_act {
+            Some(a) => a,
+            None => self.input_from_f32(k, &lp.o, self.b.o.ptr(), r)?,
+        };
+        self.matmul(k, &lp.o, &lw.o, &o, &self.b.y, r)
+    }
+
+    /// The attention residual: `x += rmsnorm(y) * post_attention_norm`,
+    /// then the FFN input norm `act = rmsnorm(x) * ffn_norm`.
+    pub(super) fn attn_residual(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let lw = &self.w.layers[l];
+        let out = self.input_in_act(&lp.gate_up);
+        self.rmsnorm(
+            k,
+            lp.attn_residual,
+            self.b.x.ptr(),
+            Some((self.b.y.ptr(), lw.post_attn_norm.ptr())),
+            NULL,
+            Some((lw.ffn_norm.ptr(), out)),
+            rows.n,
+        )
+    }
+
+    /// FFN block: gate/up (fused), GELU(gate) * up, down into `y`.
+    pub(super) fn ffn_block(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let r = rows.n;
+        let lw = &self.w.layers[l];
+        let ff = lw.gate_up.n / 2;
+        let x = self.input_in_act(&lp.gate_up);
+        let h_act = match lp.gelu {
+            // The fused GEMV writes gelu(gate) * up itself, f32.
+            None => {
+                self.matmul(k, &lp.gate_up, &lw.gate_up, &x, &self.b.h, r)?;
+                self.input_from_f32(k, &lp.down, self.b.h.ptr(), r)?
+            }
+            Some(gelu) => {
+                let gu = &self.b.gu;
+                self.matmul(k, &lp.gate_up, &lw.gate_up, &x, gu, r)?;
+                let out = if lp.down.input == ActFormat::F32 {
+                    Act::f32(self.b.h.ptr())
+                } else {
+                    self.act(lp.down.input)
+                };
+                let g = (gu.ptr(), 2 * ff);
+                let u = (gu.ptr() + 4 * ff as u64, 2 * ff);
+                self.gelu_mul(k, gelu, g, u, out, r, ff)?;
+                out
+            }
+        };
+        self.matmul(k, &lp.down, &lw.down, &h_act, &self.b.y, r)
+    }
+
+    /// The PLE injection of E2B/E4B, after the FFN residual
+    /// (`x += rmsnorm(y) * post_ffw_norm`): `y = proj(gelu(inp_gate(x)) *
+    /// ple[l])`, whose residual `layer_end` adds. Without PLE it does
+    /// nothing and `layer_end` adds the FFN's residual.
+    pub(super) fn ple_injection(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let (Some(pp), Some(gate), Some(proj)) = (
+            lp.ple.as_ref(),
+            self.w.layers[l].ple_gate.as_ref(),
+            self.w.layers[l].ple_proj.as_ref(),
+        ) else {
+            return Ok(());
+        };
+        let cfg = self.model.config();
+        let r = rows.n;
+        let lw = &self.w.layers[l];
+        let x = self.b.x.ptr();
+        self.rmsnorm(
+            k,
+            pp.ffn_residual,
+            x,
+            Some((self.b.y.ptr(), lw.post_ffw_norm.ptr())),
+            NULL,
+            None,
+            r,
+        )?;
+        let xa = self.input_from_f32(k, &pp.gate, x, r)?;
+        self.matmul(k, &pp.gate, gate, &xa, &self.b.pg, r)?;
+        let p = cfg.ple_dim;
+        let out = if pp.proj.input == ActFormat::F32 {
+            Act::f32(self.b.h.ptr())
+        } else {
+            self.act(pp.proj.input)
+        };
+        let per_layer = self.b.ple.ptr() + 4 * (l * p) as u64;
+        self.gelu_mul(
+            k,
+            pp.gelu,
+            (self.b.pg.ptr(), p),
+            (per_layer, cfg.n_layers * p),
+            out,
+            r,
+            p,
+        )?;
+        self.matmul(k, &pp.proj, proj, &out, &self.b.y, r)
+    }
+
+    /// The layer's end: the last residual add (the PLE's, else the FFN's)
+    /// with its post norm, times the layer scalar; with `next`, then the
+    /// next layer's input norm in its QKV format (`next` is that layer's
+    /// plan).
+    pub(super) fn layer_end(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+        next: Option<&LayerPlan>,
+    ) -> Result<(), EngineError> {
+        let lw = &self.w.layers[l];
+        let post = match &lw.ple_post_norm {
+            Some(p) if lp.ple.is_some() => p.ptr(),
+            _ => lw.post_ffw_norm.ptr(),
+        };
+        let scale = self.w.layer_scales.ptr() + 4 * l as u64;
+        let (id, out) = match (next, lp.end_with_next_norm) {
+            (Some(nl), Some(id)) => (
+                id,
+                Some((
+                    self.w.layers[l + 1].attn_norm.ptr(),
+                    self.input_in_act(&nl.qkv),
+                )),
+            ),
+            _ => (lp.end, None),
+        };
+        self.rmsnorm(
+            k,
+            id,
+            self.b.x.ptr(),
+            Some((self.b.y.ptr(), post)),
+            scale,
+            out,
+            rows.n,
+        )
+    }
+
+    /// Final norm, tied head and softcap for rows `r0..r0+r` of `x` (at most
+    /// `GEMV_MAX_ROWS`, the head plan of the `r`-row bucket) into logits
+    /// rows `0..r`.
+    pub(super) fn head(
+        &self,
+        k: &[Kernel],
+        hp: &HeadPlan,
+        r0: usize,
+        r: usize,
+    ) -> Result<(), EngineError> {
+        let cfg = self.model.config();
+        let d = cfg.d_model;
+        self.mark(Phase::Head)?;
+        let out = self.input_in_act(&hp.matmul);
+        let x = self.b.x.ptr() + (4 * r0 * d) as u64;
+        self.rmsnorm(
+            k,
+            hp.norm,
+            x,
+            None,
+            NULL,
+            Some((self.w.output_norm.ptr(), out)),
+            r,
+        )?;
+        let logits = &self.b.logits;
+        self.matmul(k, &hp.matmul, &self.w.head, &out, logits, r)?;
+        if let (Some(id), Some(cap)) = (hp.softcap, cfg.final_logit_softcap) {
+            let a = brows::SoftcapArgs {
+                x: logits.ptr(),
+                rows: r,
+                width: self.model.vocab_size(),
+                cap,
+            };
+            self.launch(k, id, &a.kargs())?;
+        }
+        Ok(())
+    }
+
+    /// Moves row `row` of the residual stream (and of the per-layer inputs)
+    /// to row 0: the only row carried past the compaction point.
+    pub(super) fn copy_row(&self, row: usize) -> Result<(), EngineError> {
+        if row == 0 {
+            return Ok(());
+        }
+        let cfg = self.model.config();
+        let d = cfg.d_model;
+        self.gpu
+            .copy_range(&self.b.x, 0, &self.b.x, row * d * 4, d * 4)
+            .map_err(dev)?;
+        let lp = cfg.n_layers * cfg.ple_dim;
+        if lp > 0 {
+            self.gpu
+                .copy_range(&self.b.ple, 0, &self.b.ple, row * lp * 4, lp * 4)
+                .map_err(dev)?;
+        }
+        Ok(())
+    }
+}
