@@ -10,10 +10,13 @@
 #               main vs flash-swa on E4B Q8_0 at 4096 prompt tokens.
 # SET profiles: main vs cublas, mma-sync, dp4a, mmq and strict on bench's
 #               default model (synthetic E4B Q8_0), pp2048 + tg128.
+# SET plan:     the previous build against this one (GEMTUNE_BASE: that
+#               build's gemtune binary), both on main, on E4B Q8_0 and 12B
+#               Q4_0 at pp2048 + tg128: an A/A of an engine refactor.
 # Each SET fits a 10-minute slot on an H100. AB_REPS (default 12) sets --reps.
 set -u
 out=${1:?OUTDIR}
-set_=${2:?SET (swa | attn | profiles)}
+set_=${2:?SET (swa | attn | plan | profiles)}
 bin=${GEMTUNE:-$PWD/.gpu/bin/gemtune}
 reps=${AB_REPS:-12}
 mkdir -p "$out"
@@ -49,13 +52,22 @@ attn)
     ab e4b-q8_0-p4096-flash-swa --baseline main --candidate flash-swa -m "$f" -p 4096 -n 128
     rm -f "$f"
     ;;
+plan)
+    base=${GEMTUNE_BASE:?GEMTUNE_BASE must name the gemtune binary of the previous build}
+    f=$(synth e4b q8_0)
+    ab e4b-q8_0-plan-aa --baseline "$base" --candidate "$bin" -m "$f" -p 2048 -n 128
+    rm -f "$f"
+    f=$(synth 12b q4_0)
+    ab 12b-q4_0-plan-aa --baseline "$base" --candidate "$bin" -m "$f" -p 2048 -n 128
+    rm -f "$f"
+    ;;
 profiles)
     for p in cublas mma-sync dp4a mmq strict; do
         ab "e4b-q8_0-$p" --baseline main --candidate "$p" -p 2048 -n 128
     done
     ;;
 *)
-    echo "unknown SET '$set_' (swa | attn | profiles)" >&2
+    echo "unknown SET '$set_' (swa | attn | plan | profiles)" >&2
     exit 4
     ;;
 esac
