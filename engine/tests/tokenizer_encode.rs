@@ -144,32 +144,91 @@ fn unlearned_characters_fall_back_to_bytes() {
 }
 
 #[test]
-fn invalid_utf8_decodes_to_replacement_chars() {
+fn invalid_byte_runs_decode_to_one_replacement_char_per_byte() {
+    // Hugging Face's ByteFallback rule: a maximal run of byte tokens is its
+    // text when the whole run is valid UTF-8, else U+FFFD for every byte.
     let tok = tiny();
+    let ok = tok.encode("ok", false, false);
     assert_eq!(tok.decode(&[byte(0xFF)]).unwrap(), "\u{FFFD}");
-    // A truncated sequence, then valid text.
-    let mut ids = vec![byte(0xED), byte(0x95)];
-    ids.extend(tok.encode("ok", false, false));
-    assert_eq!(tok.decode(&ids).unwrap(), "\u{FFFD}ok");
+    // A truncated sequence, then text.
+    let ids = [vec![byte(0xED), byte(0x95)], ok.clone()].concat();
+    assert_eq!(tok.decode(&ids).unwrap(), "\u{FFFD}\u{FFFD}ok");
+    // A valid byte ('A') inside an invalid run is replaced too.
+    assert_eq!(
+        tok.decode(&[byte(0xF0), byte(b'A')]).unwrap(),
+        "\u{FFFD}\u{FFFD}"
+    );
+    // Text ends a run: each side is judged on its own.
+    let ids = [
+        vec![byte(0xF0), byte(0x9F)],
+        ok.clone(),
+        vec![byte(0xA6), byte(0x80)],
+    ]
+    .concat();
+    assert_eq!(
+        tok.decode(&ids).unwrap(),
+        "\u{FFFD}\u{FFFD}ok\u{FFFD}\u{FFFD}"
+    );
 }
 
 #[test]
-fn stream_decoder_holds_partial_characters() {
+fn an_unrendered_control_token_does_not_split_a_byte_run() {
+    let tok = tiny();
+    let ids = [byte(0xF0), byte(0x9F), 2, byte(0xA6), byte(0x80)];
+    assert_eq!(tok.decode(&ids).unwrap(), "🦀");
+    assert_eq!(
+        tok.decode_special(&ids).unwrap(),
+        "\u{FFFD}\u{FFFD}<bos>\u{FFFD}\u{FFFD}"
+    );
+}
+
+#[test]
+fn stream_decoder_holds_byte_runs_until_text_ends_them() {
     let tok = tiny();
     let mut d = StreamDecoder::new(&tok, DecodeOptions::default());
     let mut got = Vec::new();
     for &id in &[byte(0xF0), byte(0x9F), byte(0xA6), byte(0x80)] {
         got.push(d.push(id).unwrap());
     }
-    assert_eq!(got, ["", "", "", "🦀"]);
+    assert_eq!(got, ["", "", "", ""]);
     let a = tok.encode("Hello", false, false);
-    assert_eq!(d.push(a[0]).unwrap(), "Hello");
+    assert_eq!(d.push(a[0]).unwrap(), "🦀Hello");
     d.push(byte(0xE4)).unwrap();
     assert_eq!(d.finish(), "\u{FFFD}");
+    assert_eq!(d.finish(), "");
     assert!(matches!(
         d.push(5000),
         Err(TokenizerError::UnknownId { id: 5000, .. })
     ));
+}
+
+#[test]
+fn streamed_text_equals_decode() {
+    let tok = tiny();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let words = tok.encode("Grüße, 今日は the weather\n\n", false, false);
+    for _ in 0..200 {
+        let n = rng.random_range(0..24);
+        let ids: Vec<u32> = (0..n)
+            .map(|_| match rng.random_range(0..4) {
+                0 => words[rng.random_range(0..words.len())],
+                1 => rng.random_range(0..8), // control tokens and <unk>
+                _ => byte(rng.random_range(0x80..=0xFF) as u8),
+            })
+            .collect();
+        for special in [false, true] {
+            let opts = DecodeOptions {
+                render_control: special,
+            };
+            let mut d = StreamDecoder::new(&tok, opts);
+            let mut streamed = String::new();
+            for &id in &ids {
+                streamed.push_str(&d.push(id).unwrap());
+            }
+            streamed.push_str(&d.finish());
+            assert_eq!(streamed, tok.decode_with(&ids, opts).unwrap(), "{ids:?}");
+        }
+    }
 }
 
 #[test]
@@ -320,4 +379,54 @@ fn long_input_without_newlines_is_fast_enough() {
     let ids = tok.encode(&text, false, false);
     assert!(ids.len() > 10_000);
     assert_eq!(tok.decode(&ids).unwrap(), text);
+}
+
+/// `hand_vocab` with the tokens `specials` appended, each with its type.
+fn with_specials(normal: &[&str], specials: &[(&str, TokenType)]) -> VocabData {
+    let mut v = hand_vocab(normal, &[]);
+    for &(t, ty) in specials {
+        v.tokens.push(t.to_string());
+        v.token_types.push(ty.as_i32());
+        v.scores.push(0.0);
+    }
+    v
+}
+
+#[test]
+fn added_tokens_split_leftmost_longest() {
+    // Hugging Face's added-token split takes the leftmost match, then the
+    // longest there; taking the longest token anywhere first ("xyz") would
+    // give w + [xyz] instead.
+    let normal = ["w", "x", "y", "z"]; // ids 4..=7
+    let tok = Tokenizer::from_vocab(with_specials(
+        &normal,
+        &[
+            ("wx", TokenType::UserDefined),
+            ("xyz", TokenType::UserDefined),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(tok.encode("wxyz", false, false), [8, 6, 7]);
+    assert_eq!(tok.encode("xyzwx", false, false), [9, 8]);
+}
+
+#[test]
+fn an_unparsed_control_token_stays_text_span_and_all() {
+    // With special parsing off, a control token found by the leftmost-longest
+    // split stays text, and no user-defined token is looked for inside its
+    // span (Hugging Face's `encode_special_tokens`).
+    let normal = ["<", "a", "b", ">", "c"]; // ids 4..=8
+    let tok = Tokenizer::from_vocab(with_specials(
+        &normal,
+        &[
+            ("<ab>", TokenType::Control),
+            ("b>c", TokenType::UserDefined),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(tok.encode("<ab>c", false, true), [9, 8]);
+    assert_eq!(tok.encode("<ab>c", false, false), [4, 5, 6, 7, 8]);
+    // Outside a control token's span the user-defined token still matches.
+    assert_eq!(tok.encode("ab>c", false, false), [5, 10]);
+    assert_eq!(tok.decode(&[4, 5, 6, 7, 8]).unwrap(), "<ab>c");
 }

@@ -1,8 +1,10 @@
 //! The `gemma4` BPE tokenizer and chat template.
 //!
 //! - `vocab`: `VocabData` (the `tokenizer.ggml.*` GGUF keys) and `TokenType`.
-//! - `Tokenizer` (here): encode / decode exactly as llama.cpp's `gemma4`
-//!   pre-type (spec §5.2); `StreamDecoder` for streaming output.
+//! - `Tokenizer` (here): encode as llama.cpp's `gemma4` pre-type
+//!   (docs/gemma4.md §5), which on Gemma's vocabulary gives the ids of
+//!   Hugging Face `tokenizers`; decode as Hugging Face's decoder;
+//!   `StreamDecoder` for streaming output.
 //! - `special`: special-token splitting; `bpe`: merge-rank BPE over code
 //!   points; `strindex`: the string -> id index both use.
 //! - `chat`: the Gemma 4 chat template and `encode_chat`.
@@ -118,7 +120,7 @@ pub struct DecodeOptions {
     pub render_control: bool,
 }
 
-/// The `gemma4` tokenizer (spec §5.2), built once from a vocab.
+/// The `gemma4` tokenizer (docs/gemma4.md §5), built once from a vocab.
 ///
 /// Encoding: split out special tokens (longest match; control tokens only
 /// with `parse_special`, user-defined tokens always), replace " " by "▁",
@@ -127,11 +129,12 @@ pub struct DecodeOptions {
 /// over code points, and emit any final symbol that is not a token as
 /// `<0xXX>` byte tokens (the unknown token for a byte without one).
 ///
-/// Decoding: byte tokens become raw bytes and the UTF-8 of the whole
-/// sequence is assembled across tokens (invalid sequences become U+FFFD);
-/// "▁" becomes " "; user-defined tokens always render as their text;
-/// control tokens render only with `DecodeOptions::render_control`. No
-/// space cleanup is done (as Hugging Face's decoder).
+/// Decoding, as Hugging Face's decoder for these vocabularies (Replace "▁"
+/// by " ", ByteFallback, Fuse): "▁" becomes " "; each maximal run of byte
+/// tokens becomes its text when the run is valid UTF-8 and one U+FFFD per
+/// byte otherwise; user-defined tokens always render as their text; control
+/// tokens render only with `DecodeOptions::render_control` (a control token
+/// left out does not split a run of byte tokens). No space cleanup is done.
 pub struct Tokenizer {
     vocab: VocabData,
     types: Vec<TokenType>,
@@ -341,20 +344,24 @@ impl Tokenizer {
 
     /// Decodes with explicit options.
     pub fn decode_with(&self, ids: &[u32], opts: DecodeOptions) -> Result<String, TokenizerError> {
-        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        let mut out = String::with_capacity(ids.len() * 4);
+        let mut run = Vec::new();
         for &id in ids {
-            self.append_piece(id, opts, &mut bytes)?;
+            match self.piece(id, opts)? {
+                Piece::Byte(b) => run.push(b),
+                Piece::Skip => {}
+                Piece::Text(text) => {
+                    flush_byte_run(&mut run, &mut out);
+                    text.append_to(&mut out);
+                }
+            }
         }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        flush_byte_run(&mut run, &mut out);
+        Ok(out)
     }
 
-    /// Appends the bytes one token contributes to the decoded text.
-    pub fn append_piece(
-        &self,
-        id: u32,
-        opts: DecodeOptions,
-        out: &mut Vec<u8>,
-    ) -> Result<(), TokenizerError> {
+    /// What one token contributes to the decoded text.
+    fn piece(&self, id: u32, opts: DecodeOptions) -> Result<Piece<'_>, TokenizerError> {
         let (Some(text), Some(&ty)) = (
             self.vocab.tokens.get(id as usize),
             self.types.get(id as usize),
@@ -364,49 +371,91 @@ impl Tokenizer {
                 vocab_size: self.vocab_size(),
             });
         };
-        match ty {
+        Ok(match ty {
             TokenType::Byte => match self.token_byte.get(&id) {
-                Some(&b) => out.push(b),
-                None => unescape_into(text, out),
+                Some(&b) => Piece::Byte(b),
+                None => Piece::Text(PieceText::Escaped(text)),
             },
             TokenType::Control | TokenType::Unused => {
                 if opts.render_control {
-                    out.extend_from_slice(text.as_bytes());
+                    Piece::Text(PieceText::Verbatim(text))
+                } else {
+                    Piece::Skip
                 }
             }
             TokenType::Unknown => {
                 if opts.render_control {
-                    out.extend_from_slice(text.as_bytes());
+                    Piece::Text(PieceText::Verbatim(text))
                 } else {
-                    out.extend_from_slice("\u{FFFD}".as_bytes());
+                    Piece::Text(PieceText::Verbatim("\u{FFFD}"))
                 }
             }
             TokenType::Normal | TokenType::UserDefined | TokenType::Undefined => {
-                unescape_into(text, out)
+                Piece::Text(PieceText::Escaped(text))
             }
-        }
-        Ok(())
+        })
     }
 }
 
-/// Appends `text` with every "▁" turned into " ".
-fn unescape_into(text: &str, out: &mut Vec<u8>) {
-    let mut rest = text;
-    while let Some(i) = rest.find('▁') {
-        out.extend_from_slice(&rest.as_bytes()[..i]);
-        out.push(b' ');
-        rest = &rest[i + '▁'.len_utf8()..];
+/// What one token contributes to decoded text.
+enum Piece<'a> {
+    /// A byte token: one byte of a character the encoder spelled out in
+    /// `<0xXX>` tokens.
+    Byte(u8),
+    /// Text, which also ends a run of byte tokens.
+    Text(PieceText<'a>),
+    /// A control token that is not rendered: nothing, and a run of byte
+    /// tokens on both sides of it stays one run (as Hugging Face drops
+    /// skipped special tokens before its decoder sees the sequence).
+    Skip,
+}
+
+enum PieceText<'a> {
+    /// Token text with "▁" standing for a space.
+    Escaped(&'a str),
+    /// Text appended as it is.
+    Verbatim(&'a str),
+}
+
+impl PieceText<'_> {
+    fn append_to(&self, out: &mut String) {
+        match *self {
+            PieceText::Escaped(t) => {
+                for c in t.chars() {
+                    out.push(if c == '▁' { ' ' } else { c });
+                }
+            }
+            PieceText::Verbatim(t) => out.push_str(t),
+        }
     }
-    out.extend_from_slice(rest.as_bytes());
+}
+
+/// Appends a finished run of byte-token bytes and empties it: the run's
+/// text when the whole run is valid UTF-8, otherwise one U+FFFD per byte.
+/// This is Hugging Face's `ByteFallback` decoder rule, so `decode` gives
+/// exactly what `tokenizers` gives for any id sequence, not only for the
+/// sequences the encoder produces (which are always valid).
+fn flush_byte_run(run: &mut Vec<u8>, out: &mut String) {
+    if run.is_empty() {
+        return;
+    }
+    match std::str::from_utf8(run) {
+        Ok(s) => out.push_str(s),
+        Err(_) => out.extend(std::iter::repeat_n('\u{FFFD}', run.len())),
+    }
+    run.clear();
 }
 
 /// Incremental decoding for streaming output: feeds token ids and returns
-/// the text that is complete so far, holding back a trailing incomplete UTF-8
-/// sequence until the bytes that finish it arrive.
+/// the text that is final so far. A run of byte tokens is held back until a
+/// token that renders text ends it (or `finish`), because whether the run
+/// decodes to its characters or to U+FFFD per byte depends on the whole run;
+/// so the concatenated output always equals `Tokenizer::decode_with` of the
+/// same ids.
 pub struct StreamDecoder<'a> {
     tok: &'a Tokenizer,
     opts: DecodeOptions,
-    pending: Vec<u8>,
+    run: Vec<u8>,
 }
 
 impl<'a> StreamDecoder<'a> {
@@ -414,44 +463,28 @@ impl<'a> StreamDecoder<'a> {
         StreamDecoder {
             tok,
             opts,
-            pending: Vec::new(),
+            run: Vec::new(),
         }
     }
 
-    /// Adds one token; returns the newly completed text (possibly empty).
+    /// Adds one token; returns the newly final text (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
-        self.tok.append_piece(id, self.opts, &mut self.pending)?;
-        let keep = incomplete_tail(&self.pending);
-        let done = self.pending.len() - keep;
-        let text = String::from_utf8_lossy(&self.pending[..done]).into_owned();
-        self.pending.drain(..done);
-        Ok(text)
-    }
-
-    /// Flushes whatever is left (an incomplete sequence becomes U+FFFD).
-    pub fn finish(&mut self) -> String {
-        let text = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        text
-    }
-}
-
-/// Length of a trailing prefix of a UTF-8 sequence that more bytes could
-/// still complete (0 when the buffer ends on a boundary or on garbage).
-fn incomplete_tail(b: &[u8]) -> usize {
-    let n = b.len();
-    for back in 1..=3.min(n) {
-        let c = b[n - back];
-        if c & 0xC0 == 0x80 {
-            continue; // continuation byte: look further back
+        let mut out = String::new();
+        match self.tok.piece(id, self.opts)? {
+            Piece::Byte(b) => self.run.push(b),
+            Piece::Skip => {}
+            Piece::Text(text) => {
+                flush_byte_run(&mut self.run, &mut out);
+                text.append_to(&mut out);
+            }
         }
-        let need = match c {
-            0xC2..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            0xF0..=0xF4 => 4,
-            _ => return 0,
-        };
-        return if need > back { back } else { 0 };
+        Ok(out)
     }
-    0
+
+    /// Flushes a held-back run of byte tokens.
+    pub fn finish(&mut self) -> String {
+        let mut out = String::new();
+        flush_byte_run(&mut self.run, &mut out);
+        out
+    }
 }

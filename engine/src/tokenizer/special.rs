@@ -1,9 +1,14 @@
 //! Splitting text at special tokens before BPE.
 //!
-//! Control and unknown-type tokens are matched only when the caller asks for
-//! `parse_special`; user-defined tokens (`<|channel>`, `<|tool_call>`, ...)
-//! are matched always, as llama.cpp does for `gemma4`. Matching scans left to
-//! right and takes the longest special token starting at each position.
+//! Control and unknown-type tokens are split out only when the caller asks
+//! for `parse_special`; user-defined tokens (`<|channel>`, `<|tool_call>`,
+//! ...) always, as llama.cpp does for `gemma4`. Matching is Hugging Face's
+//! added-token split: scan left to right and take the longest special token
+//! starting at each position (leftmost-longest). Without `parse_special` a
+//! control token found that way stays text, and its span is not searched
+//! again for a user-defined token (Hugging Face's `encode_special_tokens`);
+//! no Gemma vocabulary has a user-defined token overlapping a control token,
+//! so there this equals llama.cpp's rule of never looking for control tokens.
 //! Lookups are by hash on the exact text, trying only the lengths that occur
 //! among special tokens with the same first byte, so a vocab with a quarter
 //! of a million `<unusedN>` control tokens costs a handful of lookups per '<'.
@@ -25,9 +30,7 @@ pub struct SpecialMatcher {
     /// Special token ids by text (over the token table `split` is given).
     index: StrIndex,
     /// For each first byte: distinct lengths of all specials, longest first.
-    lens_all: Vec<Vec<usize>>,
-    /// Same, over user-defined tokens only.
-    lens_user: Vec<Vec<usize>>,
+    lens: Vec<Vec<usize>>,
 }
 
 impl SpecialMatcher {
@@ -35,34 +38,27 @@ impl SpecialMatcher {
     /// texts the lowest id wins; empty texts are never matched.
     pub fn new(tokens: &[String], types: &[TokenType]) -> SpecialMatcher {
         let mut index = StrIndex::default();
-        let mut lens_all = vec![Vec::new(); 256];
-        let mut lens_user = vec![Vec::new(); 256];
+        let mut lens = vec![Vec::new(); 256];
         for (i, (t, ty)) in tokens.iter().zip(types).enumerate() {
-            let always = match ty {
-                TokenType::UserDefined => true,
-                TokenType::Control | TokenType::Unknown => false,
-                _ => continue,
-            };
+            if !matches!(
+                ty,
+                TokenType::UserDefined | TokenType::Control | TokenType::Unknown
+            ) {
+                continue;
+            }
             let Some(&first) = t.as_bytes().first() else {
                 continue;
             };
             if !index.insert(tokens, i as u32) {
                 continue;
             }
-            lens_all[first as usize].push(t.len());
-            if always {
-                lens_user[first as usize].push(t.len());
-            }
+            lens[first as usize].push(t.len());
         }
-        for l in lens_all.iter_mut().chain(lens_user.iter_mut()) {
+        for l in lens.iter_mut() {
             l.sort_unstable_by(|a, b| b.cmp(a));
             l.dedup();
         }
-        SpecialMatcher {
-            index,
-            lens_all,
-            lens_user,
-        }
+        SpecialMatcher { index, lens }
     }
 
     /// Number of special tokens known.
@@ -75,28 +71,14 @@ impl SpecialMatcher {
     }
 
     /// The longest special token at byte `pos` of `text`: (id, byte length).
-    fn match_at(
-        &self,
-        tokens: &[String],
-        types: &[TokenType],
-        text: &str,
-        pos: usize,
-        parse_special: bool,
-    ) -> Option<(u32, usize)> {
+    fn match_at(&self, tokens: &[String], text: &str, pos: usize) -> Option<(u32, usize)> {
         let first = *text.as_bytes().get(pos)?;
-        let lens = if parse_special {
-            &self.lens_all[first as usize]
-        } else {
-            &self.lens_user[first as usize]
-        };
-        for &len in lens {
+        for &len in &self.lens[first as usize] {
             let Some(cand) = text.get(pos..pos + len) else {
                 continue;
             };
             if let Some(id) = self.index.get(tokens, cand) {
-                if parse_special || types[id as usize] == TokenType::UserDefined {
-                    return Some((id, len));
-                }
+                return Some((id, len));
             }
         }
         None
@@ -114,16 +96,16 @@ impl SpecialMatcher {
     ) -> Vec<Fragment<'a>> {
         let mut out = Vec::new();
         let bytes = text.as_bytes();
-        let lens = if parse_special {
-            &self.lens_all
-        } else {
-            &self.lens_user
-        };
         let mut start = 0;
         let mut pos = 0;
         while pos < bytes.len() {
-            if !lens[bytes[pos] as usize].is_empty() {
-                if let Some((id, len)) = self.match_at(tokens, types, text, pos, parse_special) {
+            if !self.lens[bytes[pos] as usize].is_empty() {
+                if let Some((id, len)) = self.match_at(tokens, text, pos) {
+                    if !parse_special && types[id as usize] != TokenType::UserDefined {
+                        // Stays text, span and all.
+                        pos += len;
+                        continue;
+                    }
                     if pos > start {
                         out.push(Fragment::Text(&text[start..pos]));
                     }
