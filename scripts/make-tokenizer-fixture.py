@@ -146,7 +146,10 @@ def main() -> int:
                     default=ROOT / "engine" / "tests" / "fixtures" / "hf-tokenizer")
     ap.add_argument("--tokenizer-json", type=Path)
     args = ap.parse_args()
-    from tokenizers import Tokenizer
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SystemExit("Hugging Face tokenizers is missing: pip install tokenizers==0.23.3")
 
     parity = load_module("tokenizer_parity", "tokenizer-parity.py")
     tj = args.tokenizer_json or parity.fetch_tokenizer(ROOT / "target" / "tokenizer-gemma3")

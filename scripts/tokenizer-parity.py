@@ -156,8 +156,11 @@ def main() -> int:
     ap.add_argument("--summary", type=Path, help="write the Markdown summary here")
     args = ap.parse_args()
 
-    import tokenizers
-    from tokenizers import Tokenizer
+    try:
+        import tokenizers
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SystemExit("Hugging Face tokenizers is missing: pip install tokenizers==0.23.3")
 
     tj = args.tokenizer_json or fetch_tokenizer(args.cache)
     work = Path(tempfile.mkdtemp(prefix="tokenizer-parity-"))
