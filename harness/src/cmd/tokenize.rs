@@ -1,5 +1,5 @@
 //! `gemtune tokenize` / `gemtune detokenize`: the model's tokenizer from the
-//! command line. Without `-m` both use the built-in tiny synthetic model.
+//! command line. Without `-m` both use the built-in demo model.
 
 use crate::exit::Exit;
 use anyhow::Context;
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model whose tokenizer to use (default: the built-in tiny model).
+    /// GGUF model whose tokenizer to use (default: the built-in demo model).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// Text to tokenize.
@@ -25,7 +25,7 @@ pub struct Args {
 
 #[derive(clap::Args)]
 pub struct DetokenizeArgs {
-    /// GGUF model whose tokenizer to use (default: the built-in tiny model).
+    /// GGUF model whose tokenizer to use (default: the built-in demo model).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// Token ids, separated by commas and/or spaces (one or more arguments).
@@ -42,7 +42,7 @@ fn load_tokenizer(model: Option<&PathBuf>) -> anyhow::Result<Tokenizer> {
             GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?
         }
         None => {
-            gemtune_engine::synth::builtin_tiny().context("building the built-in tiny model")?
+            gemtune_engine::synth::builtin_model().context("opening the built-in demo model")?
         }
     };
     Tokenizer::from_gguf(&file)
