@@ -38,7 +38,15 @@ fn greedy(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
         Ok(true)
     };
     // No stop token: a model that ends its turn early fails the count below.
-    generate(&mut eng, prompt, &mut sampler, Some(n), &|_| false, &mut push).expect("generate");
+    generate(
+        &mut eng,
+        prompt,
+        &mut sampler,
+        Some(n),
+        &|_| false,
+        &mut push,
+    )
+    .expect("generate");
     out
 }
 
@@ -61,7 +69,10 @@ fn assert_model_text(m: &Model, what: &str, toks: &[u32]) {
         distinct.len()
     );
     // Words: mostly letters and spaces, at least five words of two letters or more.
-    let letters = text.chars().filter(|c| c.is_alphabetic() || *c == ' ').count();
+    let letters = text
+        .chars()
+        .filter(|c| c.is_alphabetic() || *c == ' ')
+        .count();
     assert!(
         letters * 10 >= text.chars().count() * 8,
         "{what}: not word-like: {text:?}"

@@ -22,7 +22,10 @@ pub const BUILTIN_MODEL_LABEL: &str = "builtin:gemma4-tiny-demo";
 
 /// The built-in demo model's file.
 pub fn builtin_model() -> Result<GgufFile, SynthError> {
-    Ok(GgufFile::from_bytes(DEMO_GGUF.to_vec(), BUILTIN_MODEL_LABEL)?)
+    Ok(GgufFile::from_bytes(
+        DEMO_GGUF.to_vec(),
+        BUILTIN_MODEL_LABEL,
+    )?)
 }
 
 /// One line naming the built-in model for users (the first output line of
