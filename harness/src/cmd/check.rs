@@ -163,13 +163,14 @@ pub fn progress_printer() -> impl FnMut(&str) {
     }
 }
 
-/// Whether "done/total" is the last of its tenth of the way (or the end).
+/// Whether "done/total" is the first count to reach a new tenth of the way
+/// (the tenth tenth being the end).
 fn tenth_mark(count: &str) -> bool {
     let Some((d, t)) = count.split_once('/') else {
         return false;
     };
     match (d.parse::<usize>(), t.parse::<usize>()) {
-        (Ok(d), Ok(t)) if t > 0 => d == t || (d * 10 / t) != ((d + 1) * 10 / t),
+        (Ok(d), Ok(t)) if t > 0 && d > 0 => d * 10 / t != (d - 1) * 10 / t,
         _ => false,
     }
 }
@@ -237,7 +238,9 @@ mod tests {
             .filter(|d| super::tenth_mark(&format!("{d}/176")))
             .count();
         assert_eq!(marks, 10);
+        assert!(super::tenth_mark("176/176"));
         assert!(super::tenth_mark("3/3"));
+        assert!(!super::tenth_mark("0/3"));
         assert!(!super::tenth_mark("x/3"));
     }
 }
