@@ -1,16 +1,16 @@
 //! The work of `gemtune check`, shared with `tune`: expand each family's
 //! spec, validate every (variant, shape), compile each distinct define set
-//! once (in parallel), and on a GPU run every accepted cell against the
-//! oracle. Everything is recorded as `CheckRow`s; nothing is dropped.
+//! of every family once (in one compile pool), and on a GPU run every
+//! accepted cell against the oracle. Everything is recorded as `CheckRow`s; nothing is dropped.
 
 use crate::results::CheckRow;
 use crate::spec::{self, Cell, FamilySpec, Point, Shape};
 use gemtune_kernels::check::check_variant;
-use gemtune_kernels::compile::{compile, Arch, CompiledVariant};
+use gemtune_kernels::compile::{Arch, CompileError, CompiledVariant};
 use gemtune_kernels::defines::{canonical, Defines};
 use gemtune_kernels::family::{DeviceLimits, Family};
 use gemtune_kernels::gpu::Gpu;
-use rayon::prelude::*;
+use gemtune_kernels::pool::{compile_all, CompileJob};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,6 +49,14 @@ pub fn source_sha256(f: &dyn Family) -> String {
     }
 }
 
+/// What the compile pool gave for one define set.
+enum Compiled {
+    Done(Arc<CompiledVariant>),
+    Failed(String),
+    /// Never started: `CheckOptions::stop` was set during the compiles.
+    NotRun,
+}
+
 pub struct CheckOptions {
     pub arch: Arch,
     pub compile_only: bool,
@@ -57,8 +65,9 @@ pub struct CheckOptions {
     /// wtype): the f64 oracle grows with m and the kernel's indexing is the
     /// same; `None` checks every shape as is.
     pub check_max_m: Option<usize>,
-    /// Set (by a Ctrl-C handler) to stop after the current cell; the cells
-    /// not reached are listed as `skipped`.
+    /// Set (by a Ctrl-C handler or a time budget) to stop after the current
+    /// compiles or cell; the define sets not compiled and the cells not
+    /// reached are listed as `skipped`.
     pub stop: Option<&'static std::sync::atomic::AtomicBool>,
 }
 
@@ -116,7 +125,78 @@ pub fn run_check(
         Some(g) => g.limits(),
         None => DeviceLimits::for_arch(opts.arch),
     };
-    for (ji, job) in jobs.iter().enumerate() {
+    // Plan every family, then compile the distinct accepted define sets of
+    // all of them in one pool (a family with few define sets does not leave
+    // the other cores idle).
+    let planned: Vec<Vec<Cell>> = jobs
+        .iter()
+        .map(|job| spec::plan(job.family, &job.points, &job.shapes, &lim))
+        .collect();
+    let mut unique_of: Vec<Vec<(String, Defines)>> = Vec::with_capacity(jobs.len());
+    for (job, cells) in jobs.iter().zip(&planned) {
+        let mut keys = std::collections::BTreeSet::new();
+        let unique: Vec<(String, Defines)> = cells
+            .iter()
+            .filter(|c| c.outcome.is_ok() && keys.insert(canonical(&c.defines)))
+            .map(|c| (canonical(&c.defines), c.defines.clone()))
+            .collect();
+        progress(&format!(
+            "{}: {} variants x {} shapes, {} cells rejected, {} define sets to compile for {}",
+            job.family.name(),
+            job.points
+                .iter()
+                .filter(|p| p.duplicate_of.is_none())
+                .count(),
+            job.shapes.len(),
+            cells.iter().filter(|c| c.outcome.is_err()).count(),
+            unique.len(),
+            opts.arch
+        ));
+        unique_of.push(unique);
+    }
+    // The families take turns in the pool's queue, so a pool stopped early
+    // (a time budget) has compiled some of every family.
+    let mut requests: Vec<CompileJob> = Vec::new();
+    let mut request_of: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); jobs.len()];
+    let rounds = unique_of.iter().map(Vec::len).max().unwrap_or(0);
+    for round in 0..rounds {
+        for (ji, unique) in unique_of.iter().enumerate() {
+            if let Some((key, defines)) = unique.get(round) {
+                requests.push(CompileJob {
+                    family: jobs[ji].family,
+                    defines: defines.clone(),
+                    arch: opts.arch,
+                });
+                request_of[ji].insert(key.clone(), requests.len() - 1);
+            }
+        }
+    }
+    let (results, report) = compile_all(
+        &requests,
+        opts.cache.as_deref(),
+        None,
+        opts.stop,
+        |done, total| progress(&format!("compile {done}/{total}")),
+    );
+    progress(&report.summary(&format!("define sets for {}", opts.arch)));
+    let mut results: Vec<Option<Compiled>> = results
+        .into_iter()
+        .map(|r| {
+            Some(match r {
+                Ok(mut cv) => {
+                    // Compile-only rows need the resources, not the code.
+                    if opts.compile_only {
+                        cv.cubin = Vec::new();
+                    }
+                    Compiled::Done(Arc::new(cv))
+                }
+                Err(CompileError::NotRun { .. }) => Compiled::NotRun,
+                Err(e) => Compiled::Failed(e.to_string()),
+            })
+        })
+        .collect();
+
+    for (ji, (job, cells)) in jobs.iter().zip(planned).enumerate() {
         // Duplicates are listed once, then skipped.
         for p in job.points.iter().filter(|p| p.duplicate_of.is_some()) {
             let mut r = CheckRow {
@@ -130,36 +210,9 @@ pub fn run_check(
             r.shape = "*".into();
             out.rows.push(r);
         }
-        let cells: Vec<Cell> = spec::plan(job.family, &job.points, &job.shapes, &lim);
-        // Compile each distinct accepted define set once.
-        let mut unique: BTreeMap<String, Defines> = BTreeMap::new();
-        for c in &cells {
-            if c.outcome.is_ok() {
-                unique
-                    .entry(canonical(&c.defines))
-                    .or_insert_with(|| c.defines.clone());
-            }
-        }
-        progress(&format!(
-            "{}: {} variants x {} shapes, {} cells rejected, compiling {} define sets for {}",
-            job.family.name(),
-            job.points
-                .iter()
-                .filter(|p| p.duplicate_of.is_none())
-                .count(),
-            job.shapes.len(),
-            cells.iter().filter(|c| c.outcome.is_err()).count(),
-            unique.len(),
-            opts.arch
-        ));
-        let compiled: BTreeMap<String, Result<Arc<CompiledVariant>, String>> = unique
-            .into_par_iter()
-            .map(|(key, d)| {
-                let r = compile(job.family, &d, opts.arch, opts.cache.as_deref())
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string());
-                (key, r)
-            })
+        let compiled: BTreeMap<String, Compiled> = request_of[ji]
+            .iter()
+            .filter_map(|(key, &i)| Some((key.clone(), results[i].take()?)))
             .collect();
 
         if opts.compile_only {
@@ -204,8 +257,14 @@ pub fn run_check(
             };
             row.dyn_smem = Some(geo.dyn_smem);
             let cv = match compiled.get(&canonical(&c.defines)) {
-                Some(Ok(cv)) => cv.clone(),
-                Some(Err(e)) => {
+                Some(Compiled::Done(cv)) => cv.clone(),
+                Some(Compiled::NotRun) => {
+                    row.verdict = "skipped".into();
+                    row.reason = "not compiled: interrupted".into();
+                    out.rows.push(row);
+                    continue;
+                }
+                Some(Compiled::Failed(e)) => {
                     row.verdict = "compile-error".into();
                     row.reason = first_lines(e, 12);
                     out.infra
@@ -347,7 +406,7 @@ fn fill_resources(row: &mut CheckRow, cv: &CompiledVariant, kernel: &str) {
 fn compile_only_rows(
     job: &FamilyJob,
     cells: &[Cell],
-    compiled: &BTreeMap<String, Result<Arc<CompiledVariant>, String>>,
+    compiled: &BTreeMap<String, Compiled>,
     arch: Arch,
     out: &mut CheckOutcome,
 ) {
@@ -391,7 +450,11 @@ fn compile_only_rows(
             row.dyn_smem = Some(g.dyn_smem);
         }
         match compiled.get(key) {
-            Some(Ok(cv)) => {
+            Some(Compiled::NotRun) => {
+                row.verdict = "skipped".into();
+                row.reason = "not compiled: stopped before its turn".into();
+            }
+            Some(Compiled::Done(cv)) => {
                 let used = kernels.get(&(*pi, key.clone()));
                 let worst = used
                     .into_iter()
@@ -405,7 +468,7 @@ fn compile_only_rows(
                     row.verdict = "compiled".into();
                 }
             }
-            Some(Err(e)) => {
+            Some(Compiled::Failed(e)) => {
                 row.verdict = "compile-error".into();
                 row.reason = first_lines(e, 12);
                 out.infra.push(format!(

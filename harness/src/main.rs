@@ -26,6 +26,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show what gemtune does on this machine: a variant sweep and an engine
+    /// figure on a GPU, the compile report and the CPU engine without one.
+    Demo(cmd::demo::Args),
     /// Write a random-weight GGUF with the exact layout of a published Gemma 4 file.
     Synth(cmd::synth::Args),
     /// Describe a GGUF model: architecture, parameters, tensor types, per-layer table.
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Run(a) => cmd::run::run(a),
@@ -78,6 +82,11 @@ fn main() -> ExitCode {
         Command::Ab(a) => cmd::ab::run(a),
         Command::Report(a) => cmd::report::run(a),
     };
+    // Compile recoveries (retries for a complete ptxas report, cubin
+    // fallbacks, cache write failures) are counted, then told once here.
+    if let Some(line) = gemtune_kernels::compile::take_recoveries().summary() {
+        eprintln!("{line}");
+    }
     match result {
         Ok(code) => code.into(),
         Err(e) => {

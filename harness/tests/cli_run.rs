@@ -1,4 +1,5 @@
-//! `gemtune run` and `gemtune logits` end to end on the built-in tiny model.
+//! `gemtune run`, `gemtune logits` and `gemtune demo --cpu` end to end on the
+//! built-in demo model (the tiny preset with trained weights).
 
 mod common;
 
@@ -203,4 +204,38 @@ fn cuda_backend_runs_on_a_gpu_and_exits_4_without_one() {
             text(&o.stderr)
         );
     }
+}
+
+#[test]
+fn run_without_a_model_prints_words() {
+    let o = gemtune(&["run", "-p", "Hello", "-n", "24", "--backend", "cpu"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(!out.contains('<'), "a special token in {out:?}");
+    let words = out
+        .split_whitespace()
+        .filter(|w| w.chars().filter(|c| c.is_alphabetic()).count() >= 2)
+        .count();
+    assert!(words >= 8, "{out:?}");
+}
+
+#[test]
+fn demo_without_a_gpu_reports_compiles_per_family_and_generates() {
+    // A short compile budget: the test is about the command's shape (every
+    // family listed, the engine run, exit 0), not the compile time.
+    let o = gemtune(&["demo", "--cpu", "--budget-s", "3", "-n", "12"]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.starts_with("family "), "{out}");
+    for f in gemtune_kernels::family::families() {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{} ", f.name()))),
+            "{} missing from:\n{out}",
+            f.name()
+        );
+    }
+    assert!(err.contains("== 1/2 compile report"), "{err}");
+    assert!(err.contains("== 2/2 the CPU engine"), "{err}");
+    assert!(err.contains("built-in demo model"), "{err}");
+    stats(&err);
 }

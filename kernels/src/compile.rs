@@ -6,7 +6,9 @@
 //! The cubin itself (`crate::cubin`) is the authority on which kernels exist:
 //! when the log does not describe every one of them, the compile is retried
 //! once, and if the log is still incomplete the counts are read from the
-//! cubin instead (see [`ResourceSource`]).
+//! cubin instead (see [`ResourceSource`]). Such recoveries are counted per
+//! process ([`take_recoveries`]) rather than printed per variant. Many
+//! compiles at once go through `crate::pool`.
 
 use crate::cubin::{Cubin, CubinError};
 use crate::defines::{canonical, to_options, Defines};
@@ -186,7 +188,8 @@ pub struct CompiledVariant {
     pub resources_source: ResourceSource,
     /// Set when the first ptxas log did not describe every kernel of the
     /// cubin (what was missing, and what the retry gave), or when the cubin's
-    /// attributes could not be read. Also printed on stderr at compile time.
+    /// attributes could not be read. Also counted in the process's
+    /// [`Recoveries`], which a command summarises in one line.
     #[serde(default)]
     pub resources_note: Option<String>,
 }
@@ -217,6 +220,9 @@ pub enum CompileError {
     },
     #[error("NVRTC is not available: {0}")]
     NoNvrtc(String),
+    /// Not compiled: a compile pool was stopped before this job's turn.
+    #[error("{family} [{defines}]: not compiled (stopped before its turn)")]
+    NotRun { family: String, defines: String },
     /// The compile succeeded but neither the ptxas log nor the cubin gave
     /// the kernels' resources.
     #[error("{family} [{defines}] {arch}: no resource counts: {reason}")]
@@ -347,6 +353,7 @@ pub(crate) fn compile_source(
         arch,
         log,
     };
+    with_recoveries(|r| r.fresh += 1);
     let (cubin, log) = nvrtc_compile(text, file, options).map_err(nvrtc_err)?;
     // The retry compiles a copy made unique by an empty probe kernel: NVRTC
     // serves a program it has compiled before from the CUDA compute cache
@@ -368,14 +375,15 @@ pub(crate) fn compile_source(
         functions,
         source,
         note,
+        recovery,
     } = settle_resources(cubin, log, run, |reason| CompileError::Resources {
         family: family.to_string(),
         defines: canonical(d),
         arch,
         reason,
     })?;
-    if let Some(n) = &note {
-        eprintln!("warning: {family} [{}] {arch}: {n}", canonical(d));
+    if let (Some(kind), Some(n)) = (recovery, &note) {
+        record_recovery(kind, &format!("{family} [{}] {arch}: {n}", canonical(d)));
     }
     let mut cv = CompiledVariant {
         cubin,
@@ -400,11 +408,129 @@ pub(crate) fn compile_source(
                 "warning: cubin cache write to {} failed: {e}",
                 dir.display()
             );
-            eprintln!("{w}");
+            record_recovery(Recovery::CacheWriteFailed, &w);
             cv.cache_warning = Some(w);
         }
     }
     Ok(cv)
+}
+
+/// An internal recovery of one compile: the compile succeeded, but not on
+/// the plain path. Counted per process (`recoveries`) and reported in one
+/// summary line per command, not per variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// The first ptxas log missed kernels (empty when NVRTC answered from
+    /// the CUDA compute cache); the retry's log was complete.
+    LogRetried,
+    /// The retry's log was incomplete too; resources read from the cubin.
+    FromCubin,
+    /// The cubin's attributes could not be read; resources from the log.
+    CubinUnreadable,
+    /// The cubin cache entry could not be written (the compile is kept).
+    CacheWriteFailed,
+}
+
+/// Recoveries counted since the last `take_recoveries`, with the first
+/// message of each kind (what a user would look at first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recoveries {
+    /// Fresh compiles (not served by the cubin cache).
+    pub fresh: u64,
+    pub log_retried: u64,
+    pub from_cubin: u64,
+    pub cubin_unreadable: u64,
+    pub cache_write_failed: u64,
+    /// First message of each kind counted, in the order counted.
+    pub first: Vec<String>,
+}
+
+impl Recoveries {
+    fn count(&mut self, kind: Recovery, message: &str) {
+        let n = match kind {
+            Recovery::LogRetried => &mut self.log_retried,
+            Recovery::FromCubin => &mut self.from_cubin,
+            Recovery::CubinUnreadable => &mut self.cubin_unreadable,
+            Recovery::CacheWriteFailed => &mut self.cache_write_failed,
+        };
+        *n += 1;
+        if *n == 1 {
+            self.first.push(message.to_string());
+        }
+    }
+
+    /// One line for the end of a command, or `None` when nothing was
+    /// recovered. Only the kinds that occurred are named; the cubin fallback
+    /// and a failed cache write also quote their first message, since they
+    /// change what a report shows (spill bytes from the cubin's bound) or
+    /// what the next run costs.
+    pub fn summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.log_retried > 0 {
+            parts.push(format!(
+                "{} compiled a second time for a complete ptxas report (the first came back empty or partial, as when the CUDA compute cache serves it; the numbers are ptxas's)",
+                self.log_retried
+            ));
+        }
+        if self.from_cubin > 0 {
+            parts.push(format!(
+                "{} took their resources from the cubin (spill bytes are its local-memory bound)",
+                self.from_cubin
+            ));
+        }
+        if self.cubin_unreadable > 0 {
+            parts.push(format!(
+                "{} had unreadable cubin attributes (resources from the ptxas log)",
+                self.cubin_unreadable
+            ));
+        }
+        if self.cache_write_failed > 0 {
+            parts.push(format!(
+                "{} could not be written to the cubin cache",
+                self.cache_write_failed
+            ));
+        }
+        if parts.is_empty() {
+            return None;
+        }
+        let mut line = format!(
+            "compile: of {} fresh compiles, {}",
+            self.fresh,
+            parts.join("; ")
+        );
+        let quoted: Vec<&String> = self
+            .first
+            .iter()
+            .filter(|m| !m.contains("the retry's log was complete"))
+            .collect();
+        if let Some(m) = quoted.first() {
+            line.push_str(&format!(". First: {m}"));
+        }
+        Some(line)
+    }
+}
+
+static RECOVERIES: std::sync::Mutex<Recoveries> = std::sync::Mutex::new(Recoveries {
+    fresh: 0,
+    log_retried: 0,
+    from_cubin: 0,
+    cubin_unreadable: 0,
+    cache_write_failed: 0,
+    first: Vec::new(),
+});
+
+fn with_recoveries<T>(f: impl FnOnce(&mut Recoveries) -> T) -> T {
+    f(&mut RECOVERIES.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn record_recovery(kind: Recovery, message: &str) {
+    with_recoveries(|r| r.count(kind, message));
+}
+
+/// The recoveries counted so far in this process, and a fresh count from now
+/// on (a command prints `summary()` of what it took once, at its end).
+pub fn take_recoveries() -> Recoveries {
+    with_recoveries(std::mem::take)
 }
 
 /// A compile's final cubin and log with the resources taken from them.
@@ -414,6 +540,7 @@ struct Settled {
     functions: Vec<FunctionResources>,
     source: ResourceSource,
     note: Option<String>,
+    recovery: Option<Recovery>,
 }
 
 /// Picks the resource source for a successful compile: the ptxas log when it
@@ -437,6 +564,7 @@ fn settle_resources<E>(
             log,
             functions,
             source: ResourceSource::PtxasLog,
+            recovery: note.as_ref().map(|_| Recovery::CubinUnreadable),
             note,
         });
     };
@@ -447,15 +575,17 @@ fn settle_resources<E>(
     let (cubin, log) = retry()?;
     let parsed = Cubin::parse(&cubin);
     let functions = parse_ptxas_log(&log);
-    let (functions, source, note) = match (log_gap(&log, &functions, &parsed), parsed) {
+    let (functions, source, recovery, note) = match (log_gap(&log, &functions, &parsed), parsed) {
         (None, _) => (
             functions,
             ResourceSource::PtxasLog,
+            Recovery::LogRetried,
             format!("{first} on the first compile; the retry's log was complete"),
         ),
         (Some(second), Ok(c)) => (
             c.resources(),
             ResourceSource::Cubin,
+            Recovery::FromCubin,
             format!(
                 "{first} on the first compile and {second} on the retry; resources read from \
                  the cubin (spill bytes = its local-memory bound, spills not being recorded there)"
@@ -474,6 +604,7 @@ fn settle_resources<E>(
         functions,
         source,
         note: Some(note),
+        recovery: Some(recovery),
     })
 }
 
@@ -952,6 +1083,61 @@ ptxas info    : Used 20 registers, used 0 barriers, 360 bytes cmem[0]\n";
         let s = r.unwrap();
         assert_eq!(s.source, ResourceSource::Cubin);
         assert!(s.note.unwrap().contains("did not list"));
+    }
+
+    #[test]
+    fn recoveries_are_summarised_in_one_line() {
+        let mut r = Recoveries::default();
+        assert_eq!(r.summary(), None);
+        r.fresh = 176;
+        r.count(
+            Recovery::LogRetried,
+            "attn_decode [A=1] sm_90: the ptxas log was empty on the first compile; the retry's log was complete",
+        );
+        r.count(Recovery::LogRetried, "another");
+        let line = r.summary().unwrap();
+        assert!(
+            line.starts_with("compile: of 176 fresh compiles, 2 compiled a second time"),
+            "{line}"
+        );
+        // A routine retry is counted, not quoted.
+        assert!(!line.contains("attn_decode"), "{line}");
+        assert!(!line.contains('\n'));
+        r.count(
+            Recovery::FromCubin,
+            "gemv [B=2] sm_80: ... resources read from the cubin",
+        );
+        r.count(
+            Recovery::CacheWriteFailed,
+            "warning: cubin cache write to /x failed: denied",
+        );
+        let line = r.summary().unwrap();
+        assert!(
+            line.contains("1 took their resources from the cubin"),
+            "{line}"
+        );
+        assert!(
+            line.contains("1 could not be written to the cubin cache"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("First: gemv [B=2] sm_80: ... resources read from the cubin"),
+            "{line}"
+        );
+        assert_eq!(r.first.len(), 3, "one first message per kind");
+    }
+
+    #[test]
+    fn settle_reports_the_recovery_it_took() {
+        let (cubin, log) = compile_two();
+        let (r, _) = settle_with(cubin.clone(), &log, None);
+        assert_eq!(r.unwrap().recovery, None);
+        let (r, _) = settle_with(cubin.clone(), "", Some((cubin.clone(), log.clone())));
+        assert_eq!(r.unwrap().recovery, Some(Recovery::LogRetried));
+        let (r, _) = settle_with(cubin.clone(), "", Some((cubin, String::new())));
+        assert_eq!(r.unwrap().recovery, Some(Recovery::FromCubin));
+        let (r, _) = settle_with(b"junk".to_vec(), &log, None);
+        assert_eq!(r.unwrap().recovery, Some(Recovery::CubinUnreadable));
     }
 
     #[test]

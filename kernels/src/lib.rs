@@ -4,7 +4,8 @@
 //! - `quant`: GGML block formats on the CPU (dequantize / quantize rows).
 //! - `oracle`: plain scalar reference ops with f64 accumulation.
 //! - `source`, `defines`, `compile`: embedded `.cu` sources, NVRTC options,
-//!   cubin compilation with an on-disk cache and ptxas resource counts.
+//!   cubin compilation with an on-disk cache and ptxas resource counts;
+//!   `pool`: many compiles at once on worker threads.
 //! - `family`, `families`: per-family validation, geometry and workloads.
 //! - `gpu`, `check`, `timing`: the device wrapper, correctness checks,
 //!   event timing in two cache regimes and bandwidth ceilings.
@@ -25,6 +26,7 @@ pub mod families;
 pub mod family;
 pub mod gpu;
 pub mod oracle;
+pub mod pool;
 pub mod quant;
 pub mod reference;
 pub mod runtime;
@@ -34,14 +36,15 @@ pub mod workload;
 
 pub use check::{check_variant, compare, CheckReport, Tolerance};
 pub use compile::{
-    compile, default_cache_dir, nvrtc_available, Arch, CompileError, CompiledVariant,
-    FunctionResources,
+    compile, default_cache_dir, nvrtc_available, take_recoveries, Arch, CompileError,
+    CompiledVariant, FunctionResources, Recoveries,
 };
 pub use defines::{DefineValue, Defines};
 pub use family::{
     families, family, Contract, DeviceLimits, Family, LaunchGeometry, MatmulProblem, Problem,
 };
 pub use gpu::{DeviceInfo, Gpu, GpuError};
+pub use pool::{compile_all, CompileJob, PoolReport};
 pub use timing::{
     measure_ceilings, time_variant, time_workload, Ceilings, Regime, Timeable, Timing, TimingConfig,
 };

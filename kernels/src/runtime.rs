@@ -182,6 +182,49 @@ impl KernelCache {
         Ok(m)
     }
 
+    /// Compiles the (family, defines) pairs not loaded yet in one compile
+    /// pool (`crate::pool`: cold compiles in parallel, results identical to
+    /// `module`'s) and loads them, so a caller that knows its kernels up
+    /// front (the engine's load-time plan) pays the slowest compile instead
+    /// of the sum. A pair that fails to compile or load is left out; the
+    /// later `module` or `kernel` call for it reports the error. Returns the
+    /// pool's report.
+    pub fn prefetch(
+        &self,
+        gpu: &Gpu,
+        wanted: &[(&dyn Family, Defines)],
+    ) -> crate::pool::PoolReport {
+        let mut keys = std::collections::HashSet::new();
+        let jobs: Vec<crate::pool::CompileJob> = {
+            let loaded = self.lock_modules();
+            wanted
+                .iter()
+                .filter(|(f, d)| {
+                    let key = format!("{}|{}", f.name(), canonical(d));
+                    !loaded.contains_key(&key) && keys.insert(key)
+                })
+                .map(|(f, d)| crate::pool::CompileJob {
+                    family: *f,
+                    defines: d.clone(),
+                    arch: gpu.arch(),
+                })
+                .collect()
+        };
+        let (results, report) =
+            crate::pool::compile_all(&jobs, self.cache_dir.as_deref(), None, None, |_, _| {});
+        for (job, r) in jobs.iter().zip(results) {
+            let Ok(cv) = r else { continue };
+            let Ok(m) = gpu.load(&cv) else { continue };
+            let key = format!("{}|{}", job.family.name(), canonical(&job.defines));
+            self.compiled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Arc::new(cv));
+            self.lock_modules().insert(key, Arc::new(m));
+        }
+        report
+    }
+
     /// The kernel `geo.kernel` of (family, defines), resolved.
     pub fn kernel(
         &self,

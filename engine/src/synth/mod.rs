@@ -26,6 +26,7 @@
 //! Q6_K for a q4_0 file (Q8_0 when the row is not a multiple of 256, as
 //! llama.cpp's quantizer falls back), the requested type for f32/f16.
 
+pub mod demo;
 pub mod presets;
 pub mod weights;
 
@@ -37,6 +38,8 @@ use gemtune_kernels::quant::GgmlType;
 use std::collections::HashMap;
 use std::path::Path;
 use weights::{fill_tensor, Dist, FillError};
+
+pub use demo::{builtin_model, builtin_model_description, BUILTIN_MODEL_LABEL};
 
 /// The synthetic model variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -402,6 +405,62 @@ impl SynthModel {
     pub fn write_to_vec(self) -> Result<Vec<u8>, SynthError> {
         Ok(self.writer.write_to_vec(filler(&self.dists, self.seed))?)
     }
+
+    /// Writes the file with every tensor's values taken from `weights` (a
+    /// GGUF holding each tensor of this layout under the same name and dims,
+    /// in any type the CPU dequantizes) instead of random ones, requantized
+    /// to this layout's types. This is how trained weights become a file of
+    /// the published layout (`scripts/demo-model/build.sh`).
+    pub fn write_with_weights(
+        self,
+        path: &Path,
+        weights: &GgufFile,
+    ) -> Result<SynthSummary, SynthError> {
+        let summary = self.summary();
+        self.writer.write_with(path, weights_filler(weights))?;
+        Ok(summary)
+    }
+}
+
+/// Fills each tensor from the tensor of the same name in `src`: dequantized
+/// to f32 row by row, then stored in the destination type.
+fn weights_filler(
+    src: &GgufFile,
+) -> impl Fn(usize, &TensorInfo, &mut [u8]) -> Result<(), FillError> + Sync + '_ {
+    move |_, info, dst| {
+        let from = src
+            .tensor(&info.name)
+            .ok_or_else(|| FillError::Missing(info.name.clone()))?;
+        if from.dims != info.dims {
+            return Err(FillError::Shape {
+                name: info.name.clone(),
+                expected: info.dims.clone(),
+                found: from.dims.clone(),
+            });
+        }
+        let quant_err = |source| FillError::Quant {
+            name: info.name.clone(),
+            source,
+        };
+        let n = usize::try_from(info.n_elements()).map_err(|_| FillError::Size {
+            expected: usize::MAX,
+            found: dst.len(),
+        })?;
+        let mut values = vec![0.0f32; n];
+        // Whole rows in both types (every GGUF row is a whole number of blocks).
+        let row = info.dims.first().copied().unwrap_or(1).max(1) as usize;
+        let src_bytes = src.tensor_data(from);
+        let src_row = src_bytes.len() / (n / row).max(1);
+        for (r, out) in values.chunks_exact_mut(row).enumerate() {
+            gemtune_kernels::quant::dequantize_row(
+                from.ty,
+                &src_bytes[r * src_row..(r + 1) * src_row],
+                out,
+            )
+            .map_err(quant_err)?;
+        }
+        gemtune_kernels::quant::quantize_row(info.ty, &values, dst).map_err(quant_err)
+    }
 }
 
 /// Tensor name -> (plan index, planned dims, distribution).
@@ -454,10 +513,12 @@ pub fn synth_to_vec(
     SynthModel::new(v, w, &opts)?.write_to_vec()
 }
 
-/// Label of the built-in model's in-memory file.
+/// Label of the random-weight tiny model's in-memory file.
 pub const BUILTIN_TINY_LABEL: &str = "builtin:tiny";
 
-/// The built-in model: tiny, Q8_0 matrices (the quantized path), seed 0.
+/// The random-weight tiny model: Q8_0 matrices (the quantized path), seed 0.
+/// Tests use it for its controlled activations; `run` without `-m` uses the
+/// trained demo model instead (`builtin_model`).
 pub fn builtin_tiny() -> Result<GgufFile, SynthError> {
     let bytes = synth_to_vec(
         SynthVariant::Tiny,

@@ -38,6 +38,19 @@ pub enum FillError {
     ExactLen(usize, usize),
     #[error("exact values can only be stored as f32/f16")]
     ExactType,
+    #[error("tensor '{0}' is missing from the weights file")]
+    Missing(String),
+    #[error("tensor '{name}': the weights file has dims {found:?}, the model {expected:?}")]
+    Shape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor '{name}': {source}")]
+    Quant {
+        name: String,
+        source: gemtune_kernels::quant::QuantError,
+    },
 }
 
 /// SplitMix64: a tiny, fast, statistically solid counter-based generator.

@@ -134,8 +134,9 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     Ok(verdict(&outcome))
 }
 
-/// Progress of a check on stderr: a spinner with the current cell, and the
-/// per-family summary lines printed above it.
+/// Progress of a check on stderr: a spinner with the current cell (or the
+/// compile count), and the per-family summary lines printed above it. Without
+/// a terminal the compile count is printed every tenth of the way.
 pub fn progress_printer() -> impl FnMut(&str) {
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
@@ -144,18 +145,33 @@ pub fn progress_printer() -> impl FnMut(&str) {
     {
         pb.set_style(st);
     }
-    move |m: &str| match m.strip_prefix("check ") {
-        Some(cell) => {
+    move |m: &str| {
+        if let Some(cell) = m.strip_prefix("check ") {
             pb.inc(1);
             pb.set_message(cell.to_string());
-        }
-        None => {
-            if pb.is_hidden() {
-                eprintln!("{m}");
-            } else {
-                pb.println(m);
+        } else if let Some(count) = m.strip_prefix("compile ") {
+            if !pb.is_hidden() {
+                pb.set_message(format!("compiling {count}"));
+            } else if tenth_mark(count) {
+                eprintln!("compiling {count}");
             }
+        } else if pb.is_hidden() {
+            eprintln!("{m}");
+        } else {
+            pb.println(m);
         }
+    }
+}
+
+/// Whether "done/total" is the first count to reach a new tenth of the way
+/// (the tenth tenth being the end).
+fn tenth_mark(count: &str) -> bool {
+    let Some((d, t)) = count.split_once('/') else {
+        return false;
+    };
+    match (d.parse::<usize>(), t.parse::<usize>()) {
+        (Ok(d), Ok(t)) if t > 0 && d > 0 => d * 10 / t != (d - 1) * 10 / t,
+        _ => false,
     }
 }
 
@@ -211,5 +227,20 @@ pub fn print_table(rows: &[CheckRow]) {
             smem,
             note
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn compile_progress_prints_ten_lines_without_a_terminal() {
+        let marks = (1..=176)
+            .filter(|d| super::tenth_mark(&format!("{d}/176")))
+            .count();
+        assert_eq!(marks, 10);
+        assert!(super::tenth_mark("176/176"));
+        assert!(super::tenth_mark("3/3"));
+        assert!(!super::tenth_mark("0/3"));
+        assert!(!super::tenth_mark("x/3"));
     }
 }

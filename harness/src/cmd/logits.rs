@@ -16,7 +16,7 @@ use crate::exit::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file (default: the built-in tiny synthetic model).
+    /// GGUF model file (default: the built-in demo model).
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// Token ids, comma- or space-separated (e.g. "2,105,2364").

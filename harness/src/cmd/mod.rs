@@ -3,6 +3,7 @@
 pub mod ab;
 pub mod bench;
 pub mod check;
+pub mod demo;
 pub mod info;
 pub mod logits;
 pub mod report;

@@ -1,10 +1,15 @@
-//! `gemtune synth VARIANT WTYPE OUT.gguf [--vocab N] [--seed S]`: writes a
-//! random-weight GGUF with the exact layout of a published Gemma 4 file
-//! (engine::synth) and prints what it wrote.
+//! `gemtune synth VARIANT WTYPE OUT.gguf [--vocab N] [--seed S] [--weights FILE]`:
+//! writes a random-weight GGUF with the exact layout of a published Gemma 4
+//! file (engine::synth) and prints what it wrote. With `--weights` the values
+//! come from FILE instead (trained weights of the same tensor names and
+//! shapes, requantized to WTYPE; its `general.name` is kept).
 
 use crate::exit::Exit;
 use anyhow::Context;
-use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
+use gemtune_engine::gguf::GgufFile;
+use gemtune_engine::synth::{
+    synth_config, synth_to_file, SynthModel, SynthOptions, SynthVariant, WeightType,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -75,6 +80,10 @@ pub struct Args {
     /// Seed of the random weights (same seed, same bytes).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Take every tensor's values from this GGUF (same tensor names and
+    /// shapes, any type) instead of random ones, e.g. trained weights.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<Exit> {
@@ -85,7 +94,20 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         seed: args.seed,
     };
     let start = Instant::now();
-    let summary = synth_to_file(variant, wtype, &args.out, opts)
+    let written = match &args.weights {
+        None => synth_to_file(variant, wtype, &args.out, opts),
+        Some(path) => {
+            let src =
+                GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+            let mut cfg = synth_config(variant, &opts);
+            if let Some(name) = src.get_str("general.name") {
+                cfg.name = Some(name.to_string());
+            }
+            SynthModel::from_config(cfg, wtype, args.seed)
+                .and_then(|m| m.write_with_weights(&args.out, &src))
+        }
+    };
+    let summary = written
         .with_context(|| format!("{}: cannot write the synthetic model", args.out.display()))?;
     let seconds = start.elapsed().as_secs_f64();
     println!(

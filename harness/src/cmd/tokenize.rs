@@ -1,7 +1,7 @@
 //! `gemtune tokenize` / `gemtune detokenize`: the model's tokenizer from the
-//! command line. Without `-m` both use the built-in tiny synthetic model;
-//! `-m` takes any GGUF with `tokenizer.ggml.*` keys, a full model or a
-//! tokenizer-only file such as `scripts/hf-tokenizer-to-gguf.py` writes.
+//! command line. Without `-m` both use the built-in demo model; `-m` takes
+//! any GGUF with `tokenizer.ggml.*` keys, a full model or a tokenizer-only
+//! file such as `scripts/hf-tokenizer-to-gguf.py` writes.
 //!
 //! Batch use (`--file`, `--lines`) serves parity tools: one process loads the
 //! vocab once and handles a whole corpus. Lines are split at "\n" only (a
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args)]
 pub struct Args {
     /// GGUF model (or tokenizer-only GGUF) whose tokenizer to use
-    /// (default: the built-in tiny model).
+    /// (default: the built-in demo model).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// Text to tokenize.
@@ -43,7 +43,7 @@ pub struct Args {
 #[derive(clap::Args)]
 pub struct DetokenizeArgs {
     /// GGUF model (or tokenizer-only GGUF) whose tokenizer to use
-    /// (default: the built-in tiny model).
+    /// (default: the built-in demo model).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// Token ids, separated by commas and/or spaces (one or more arguments).
@@ -67,7 +67,7 @@ fn load_tokenizer(model: Option<&PathBuf>) -> anyhow::Result<Tokenizer> {
             GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?
         }
         None => {
-            gemtune_engine::synth::builtin_tiny().context("building the built-in tiny model")?
+            gemtune_engine::synth::builtin_model().context("opening the built-in demo model")?
         }
     };
     Tokenizer::from_gguf(&file)
