@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../cuda/common.cuh")),
     ("quantize_q8_1.cu", include_str!("../cuda/quantize_q8_1.cu")),
+    ("kquant.cuh", include_str!("../cuda/kquant.cuh")),
     ("gemv.cu", include_str!("../cuda/gemv.cu")),
     ("stage_copy.cuh", include_str!("../cuda/stage_copy.cuh")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),

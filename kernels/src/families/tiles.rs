@@ -69,14 +69,10 @@ pub(crate) fn read_tiles(d: &Defines, lim: &DeviceLimits, bn_unit: usize) -> Res
     })
 }
 
-/// Bytes of weight quants per row per BK step.
+/// Bytes of weight quants per row per BK step (the quant plane's share:
+/// `WType::quant_bytes_per_block` per 32 elements).
 pub(crate) fn bkw(wt: WType, bk: usize) -> usize {
-    match wt {
-        WType::Q8_0 => bk,
-        WType::Q4_0 => bk / 2,
-        // 6 bits per weight; the tiled families reject Q6_K before tiling.
-        WType::Q6K => bk * 3 / 4,
-    }
+    bk / 32 * wt.quant_bytes_per_block()
 }
 
 pub(crate) fn geometry(
