@@ -17,7 +17,7 @@
 //     the 12 packed scale/min bytes), Q5_K 48 (the same, then the 8 high
 //     words), Q6_K 96 (16 high words, 16 i8 scales at 64, d f16 at 80).
 //   - GEMM side words per group: Q4_K (d*sc, dmin*m), Q5_K (d*sc, dmin*m,
-//     high word), Q6_K (d*scale[2g], d*scale[2g+1], two high words).
+//     high word, zero), Q6_K (d*scale[2g], d*scale[2g+1], two high words).
 // Values: Q4_K / Q5_K fma(q, d*sc, -dmin*m), Q6_K (d*scale) * (q - 32); with
 // d*sc exact in f32 both equal ggml's dequantization bit for bit.
 //

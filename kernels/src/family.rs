@@ -448,9 +448,9 @@ pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, Stri
     Ok(wt)
 }
 
-/// `check_wtype` for the families that read Q8_0 and Q4_0 only (mmq, and
-/// for now gemm_dq and gemm_wgmma): the k-quants and 16-bit weights are
-/// rejected with the family that serves them.
+/// `check_wtype` for the families that read Q8_0 and Q4_0 only (mmq: int8
+/// MMA on per-32 int8 quants): the other types are rejected with the
+/// families that serve them.
 pub(crate) fn check_block32_wtype(
     family: &str,
     d: &Defines,
@@ -459,7 +459,7 @@ pub(crate) fn check_block32_wtype(
     match check_wtype(d, mp)? {
         wt @ (WType::Q8_0 | WType::Q4_0) => Ok(wt),
         wt => Err(format!(
-            "WTYPE={}: {family} reads Q8_0 and Q4_0 quant planes; {} weights are read by the gemv family",
+            "WTYPE={}: {family} reads Q8_0 and Q4_0 quant planes; {} weights are read by gemv, gemm_dq and gemm_wgmma",
             wt.define(),
             wt.define()
         )),

@@ -276,6 +276,27 @@ fn gemm_variants(name: &str) -> Vec<Vec<(&'static str, DefineValue)>> {
     v
 }
 
+/// The prefill GEMM shapes of the k-quants (k whole super-blocks: one, and
+/// ten with a partial last 64-k tile of none) and the 16-bit types (k a
+/// multiple of 32 with a partial last 64- and 128-k tile), partial token and
+/// feature tiles.
+fn new_type_shapes(wt: GgmlType) -> Vec<Problem> {
+    let ks: &[usize] = if matches!(wt, GgmlType::F16 | GgmlType::Bf16) {
+        &[32, 2592]
+    } else {
+        &[256, 2560]
+    };
+    let mut v = Vec::new();
+    for m in [1usize, 77, 256] {
+        for n in [64usize, 200, 1024] {
+            for &k in ks {
+                v.push(Problem::matmul(m, n, k, wt));
+            }
+        }
+    }
+    v
+}
+
 fn gemm_family_passes(name: &str) {
     let gpu = gpu();
     let f = family(name).unwrap();
@@ -284,6 +305,21 @@ fn gemm_family_passes(name: &str) {
         for extra in gemm_variants(name) {
             let d = with(f.default_defines(wt), &extra);
             bad.extend(check_all(&gpu, f, &d, &matmul_shapes(wt)));
+        }
+    }
+    // mmq reads per-32 int8 quants only.
+    if name != "mmq" {
+        for wt in [
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+            GgmlType::Bf16,
+        ] {
+            for extra in gemm_variants(name) {
+                let d = with(f.default_defines(wt), &extra);
+                bad.extend(check_all(&gpu, f, &d, &new_type_shapes(wt)));
+            }
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));

@@ -145,7 +145,15 @@ impl Family for Gemv {
         let rows = int_range(d, "ROWS", 1, 8)?;
         let warps = int_range(d, "WARPS", 1, 32)?;
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
-        int_in(d, "UNROLL", &[1, 2, 4])?;
+        let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
+        if wt == WType::Q5K && algo == 1 && rows * unroll >= 16 {
+            // 7 live words per Q5_K chunk (nibbles, high word, two scales)
+            // times 16 chunks in flight, next to 8 x 8 accumulators.
+            return Err(format!(
+                "Q5_K on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spills on sm_80); at most 8",
+                rows * unroll
+            ));
+        }
         if warps % ksplit != 0 {
             return Err(format!("KSPLIT={ksplit} does not divide WARPS={warps}"));
         }
@@ -574,17 +582,36 @@ mod tests {
     }
 
     #[test]
-    fn other_matmul_families_and_references_reject_q6k() {
+    fn mmq_and_the_int8_reference_reject_q6k() {
         let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
         let p = Problem::matmul(256, 1024, 2560, GgmlType::Q6K);
-        for name in ["mmq", "gemm_dq", "gemm_wgmma"] {
+        let f = crate::family::family("mmq").expect("registered");
+        let e = f
+            .validate(&f.default_defines(GgmlType::Q6K), &p, &lim)
+            .expect_err("mmq");
+        assert!(e.starts_with("WTYPE=Q6_K: mmq reads Q8_0 and Q4_0"), "{e}");
+        // The dequantizing GEMMs read every type.
+        for name in ["gemm_dq", "gemm_wgmma"] {
             let f = crate::family::family(name).expect("registered");
-            let d = f.default_defines(GgmlType::Q6K);
-            let e = f.validate(&d, &p, &lim).expect_err(name);
-            assert!(
-                e.starts_with(&format!("WTYPE=Q6_K: {name} reads Q8_0 and Q4_0")),
-                "{name}: {e}"
-            );
+            for ty in [
+                GgmlType::Q4K,
+                GgmlType::Q5K,
+                GgmlType::Q6K,
+                GgmlType::F16,
+                GgmlType::Bf16,
+            ] {
+                let p = Problem::matmul(256, 1024, 2560, ty);
+                f.validate(&f.default_defines(ty), &p, &lim)
+                    .unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
+            }
+            let e = f
+                .validate(
+                    &f.default_defines(GgmlType::F16),
+                    &Problem::matmul(256, 1024, 2568, GgmlType::F16),
+                    &lim,
+                )
+                .expect_err("k % 32");
+            assert!(e.contains("not a multiple of 32"), "{name}: {e}");
         }
         // The bf16 reference runs on the dequantized weights of every type;
         // the int8 one needs per-32 int8 quants.

@@ -31,7 +31,8 @@
 //! - GEMM side words (read by the prefill GEMMs), f32 or u32 words per group:
 //!   - Q4_K, 2: `ds = d * sc_g`, `ms = dmin * m_g` (both exact in f32: an
 //!     11-bit significand times a 6-bit integer);
-//!   - Q5_K, 3: `ds`, `ms`, the high-bit word;
+//!   - Q5_K, 4: `ds`, `ms`, the high-bit word, a zero word (so a group's
+//!     words are one 16-byte unit);
 //!   - Q6_K, 4: `d * scale[2g]`, `d * scale[2g + 1]` (elements 0..15 and
 //!     16..31 of the group), the two high-bit words.
 //!
@@ -66,7 +67,7 @@ pub fn gemv_side_bytes(ty: GgmlType) -> usize {
 pub fn gemm_side_words(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4K => 2,
-        GgmlType::Q5K => 3,
+        GgmlType::Q5K => 4,
         GgmlType::Q6K => 4,
         _ => 0,
     }
@@ -224,7 +225,10 @@ pub fn repack_kquant(
                             let mut w =
                                 vec![(d * sc as f32).to_bits(), (dmin * m as f32).to_bits()];
                             if ty == GgmlType::Q5K {
+                                // The high word, then a zero word: four
+                                // words (one 16-byte unit) per group.
                                 w.push(q5_high_word(&q, g));
+                                w.push(0);
                             }
                             w
                         }
@@ -485,7 +489,7 @@ mod tests {
                         let g = j / 32;
                         let high = match (ty, side) {
                             (GgmlType::Q5K, KSide::Gemv) => [word(&p.side, 16 + 4 * g), 0],
-                            (GgmlType::Q5K, KSide::Gemm) => [word(&p.side, (3 * g + 2) * 4), 0],
+                            (GgmlType::Q5K, KSide::Gemm) => [word(&p.side, (4 * g + 2) * 4), 0],
                             (GgmlType::Q6K, KSide::Gemv) => {
                                 [word(&p.side, 8 * g), word(&p.side, 8 * g + 4)]
                             }
