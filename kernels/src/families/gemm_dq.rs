@@ -195,3 +195,63 @@ pub(crate) fn dq_workload(
         op_kind: OpKind::Flop,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::family::WType;
+
+    /// dq_ktypes.cuh's `dq_ktype_words` replayed on the CPU over the staged
+    /// GEMM side words, fragment slot by fragment slot: thread t of k16 step
+    /// ks reads nibble word t of group ks / 2 and covers elements
+    /// 16 (ks % 2) + 4t + b; every element of every group must come out as
+    /// ggml's value (before the operand rounding), once.
+    #[test]
+    fn kquant_fragment_decode_replays_the_dequantization() {
+        let word = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let qf =
+            |w: u32, b: usize| f32::from_bits(0x4B00_0000 | ((w >> (8 * b)) & 0xff)) - 8_388_608.0;
+        for wt in [WType::Q4K, WType::Q5K, WType::Q6K] {
+            let (n, k) = (3usize, 512usize);
+            let mut rng = super::super::rng_for("gemm-kq-replay", &[n, k, wt as usize], 1);
+            let w = super::super::make_weights(&mut rng, wt, n, k).expect("weights");
+            let nw = crate::quant::repack::gemm_side_words(wt.ggml());
+            let mut seen = vec![0u8; n * k];
+            for row in 0..n {
+                for g in 0..k / 32 {
+                    let nib = &w.qplane[row * k / 2 + 16 * g..][..16];
+                    let side = &w.side_gemm[(row * k / 32 + g) * nw * 4..][..nw * 4];
+                    let sd = |i: usize| word(side, 4 * i);
+                    for half in 0..2 {
+                        for t in 0..4 {
+                            let v = word(nib, 4 * t);
+                            let mut q = if half == 1 {
+                                (v >> 4) & 0x0F0F_0F0F
+                            } else {
+                                v & 0x0F0F_0F0F
+                            };
+                            match wt {
+                                WType::Q5K => q |= ((sd(2) >> (t + 4 * half)) & 0x0101_0101) << 4,
+                                WType::Q6K => q |= ((sd(2 + half) >> (2 * t)) & 0x0303_0303) << 4,
+                                _ => {}
+                            }
+                            for b in 0..4 {
+                                let got = if wt == WType::Q6K {
+                                    f32::from_bits(sd(half)) * (qf(q, b) - 32.0)
+                                } else {
+                                    qf(q, b).mul_add(f32::from_bits(sd(0)), -f32::from_bits(sd(1)))
+                                };
+                                let e = row * k + 32 * g + 16 * half + 4 * t + b;
+                                seen[e] += 1;
+                                assert_eq!(got.to_bits(), w.deq[e].to_bits(), "{wt:?} element {e}");
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(
+                seen.iter().all(|&c| c == 1),
+                "{wt:?}: an element read twice or never"
+            );
+        }
+    }
+}
