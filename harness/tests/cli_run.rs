@@ -229,7 +229,8 @@ fn demo_without_a_gpu_reports_compiles_per_family_and_generates() {
     assert!(out.starts_with("family "), "{out}");
     for f in gemtune_kernels::family::families() {
         assert!(
-            out.lines().any(|l| l.starts_with(&format!("{} ", f.name()))),
+            out.lines()
+                .any(|l| l.starts_with(&format!("{} ", f.name()))),
             "{} missing from:\n{out}",
             f.name()
         );
