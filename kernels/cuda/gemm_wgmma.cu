@@ -3,10 +3,8 @@
 // wgmma A operand; the activation tile is read by the tensor cores from
 // shared memory through a matrix descriptor (128-byte swizzle).
 //
-// Computes y[m][n] = sum_k h(x[m][k]) * h(w[n][k]), w the weight as ggml
-// dequantizes it (d * q for Q8_0 / Q4_0; the k-quants and F16 / BF16 as in
-// dq_ktypes.cuh), the same function and the same operand roundings h (to
-// DQ_TYPE) as gemm_dq, with
+// Computes y[m][n] = sum_k h(x[m][k]) * h(d[n][k/32] * q[n][k]), the same
+// function and the same operand roundings h (to DQ_TYPE) as gemm_dq, with
 // fp32 accumulation in wgmma.mma_async.m64nBMk16.f32.{f16,bf16}. The MMA is
 // laid out transposed with respect to y: its M side is 64 output features per
 // warpgroup (A = dequantized weights, in registers) and its N side is the BM
@@ -41,13 +39,11 @@
 // tight against the CPU replay with the same roundings (fp32 summation only).
 // K must be a multiple of 32. Requires sm_90a (compiled with that target).
 // Dynamic shared memory: 1024 (alignment slack) + STAGES * STAGE_BYTES, with
-// STAGE_BYTES = round_up(BM*128 + BN*PAD16(BKW) + BN*8*SW, 1024), BKW = 64
-// (Q8_0), 32 (Q4_0, k-quants) or 128 (F16, BF16) and SW the scale or side
-// words per 32 elements: 1 (Q8_0, Q4_0), 2 (Q4_K), 4 (Q5_K, Q6_K), 0 (F16,
-// BF16).
+// STAGE_BYTES = round_up(BM*128 + BN*PAD16(BKW) + BN*8, 1024) and BKW = 64
+// (Q8_0) or 32 (Q4_0).
 //
 // Defines:
-//   WTYPE     weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
+//   WTYPE     weight type: Q8_0 | Q4_0
 //   DQ_TYPE   MMA operand type: F16 | BF16
 //   BM        tokens per CTA tile = the wgmma N: 64 | 128 | 192 | 256
 //   WG        consumer warpgroups per CTA: 1 | 2 | 3
@@ -79,12 +75,6 @@
 
 #include "common.cuh"
 #include "dq_convert.cuh"
-#include "kquant.cuh"
-#include "dq_ktypes.cuh"
-
-#if WTYPE != Q8_0 && WTYPE != Q4_0 && !IS_KQUANT(WTYPE) && !IS_W16(WTYPE)
-#error "WTYPE must be Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16 or BF16"
-#endif
 
 #if DQ_TYPE == F16
 #define WG_T "f16"
@@ -107,23 +97,13 @@
 #define NACC (BM / 2)
 #if WTYPE == Q8_0
 #define BKW 64
-#elif IS_W16(WTYPE)
-#define BKW 128
 #else
 #define BKW 32
-#endif
-// Scale (Q8_0, Q4_0) or side (k-quants) words per 32 elements.
-#if IS_KQUANT(WTYPE)
-#define SCW KQ_W
-#elif IS_W16(WTYPE)
-#define SCW 0
-#else
-#define SCW 1
 #endif
 #define SW PAD16(BKW)
 #define X_BYTES (BM * 128)
 #define W_BYTES (BN * SW)
-#define S_BYTES (BN * 8 * SCW)
+#define S_BYTES (BN * 8)
 #define STAGE_BYTES (((X_BYTES + W_BYTES + S_BYTES) + 1023) / 1024 * 1024)
 
 // Copy work per stage: chunks per row, rows advanced per pass of all threads,
@@ -280,16 +260,12 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
 #if WTYPE == Q8_0
         L.w_col = c * 16;
         L.w_src = wq + (u64)(n0 + r) * K + c * 16;
-#elif IS_W16(WTYPE)
-        L.w_col = c * 8;
-        L.w_src = wq + (u64)(n0 + r) * K * 2 + c * 16;
 #else
         L.w_col = c * 32;
         L.w_src = wq + (u64)(n0 + r) * (K / 2) + c * 16;
 #endif
         L.w_off = X_BYTES + r * SW + c * 16;
     }
-#if SCW == 1
     {
         const int r = t / 2, j = t % 2;
         L.s_rows = N - n0 - r;
@@ -297,14 +273,6 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
         L.s_src = reinterpret_cast<const u8*>(wd + (u64)(n0 + r) * (K / 32) + j);
         L.s_off = X_BYTES + W_BYTES + (r * 2 + j) * 4;
     }
-#else
-    // k-quants: the side words of rows n0.. (dq_ktypes.cuh copies them);
-    // F16/BF16: none.
-    L.s_rows = N - n0;
-    L.s_col = 0;
-    L.s_src = reinterpret_cast<const u8*>(wd + (u64)n0 * (K / 32) * SCW);
-    L.s_off = X_BYTES + W_BYTES;
-#endif
     return L;
 }
 
@@ -335,7 +303,6 @@ DEVI void load_stage(const Loader& L, u32 st, const u8* base, int kt, int K) {
             p += step;
         }
     }
-#if SCW == 1
     {
         const bool kok = k0 + L.s_col < K;
         const u8* p = L.s_src + (k0 / 32) * 4;
@@ -347,10 +314,6 @@ DEVI void load_stage(const Loader& L, u32 st, const u8* base, int kt, int K) {
             p += step;
         }
     }
-#elif SCW > 0
-    kq_copy_side<BN, BK, THREADS>(st + L.s_off, nullptr, reinterpret_cast<const float*>(L.s_src), base,
-                                  L.s_rows, k0, K);
-#endif
 }
 
 // Dequantizes this thread's A fragments of one stage: for each 64-feature
@@ -364,11 +327,6 @@ DEVI void dequant_stage(const u8* w_row, const float* s_row, u32 (&a)[MW][4][4])
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const u8* wr = w_row + (i * 64 + 8 * h) * SW;
-#if IS_KQUANT(WTYPE) || IS_W16(WTYPE)
-            const float* sr = s_row + (i * 64 + 8 * h) * 2 * SCW;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) dq_ktype_words(wr, sr, ks, a[i][ks][h], a[i][ks][2 + h]);
-#else
             const float* sr = s_row + (i * 64 + 8 * h) * 2;
             const float d0 = sr[0], d1 = sr[1];
 #pragma unroll
@@ -393,7 +351,6 @@ DEVI void dequant_stage(const u8* w_row, const float* s_row, u32 (&a)[MW][4][4])
 #endif
 #endif
             }
-#endif
         }
     }
 }
@@ -449,8 +406,8 @@ gemm_wgmma(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* _
     const u8* base = wq;
     // Row g of this warp's 16 rows in 64-feature block 0 of this warpgroup.
     const int fl = wg * 64 * MW + warp * 16 + g;
-    const u8* w_lane = smem + X_BYTES + fl * SW + tig * DQ_LANE_BYTES;
-    const float* s_lane = reinterpret_cast<const float*>(smem + X_BYTES + W_BYTES) + fl * 2 * SCW;
+    const u8* w_lane = smem + X_BYTES + fl * SW + tig * 4;
+    const float* s_lane = reinterpret_cast<const float*>(smem + X_BYTES + W_BYTES) + fl * 2;
     const int KT = (K + BK - 1) / BK;
     const int kt0 = (int)(((long long)KT * blockIdx.z) / KSPLIT);
     const int NT = (int)(((long long)KT * (blockIdx.z + 1)) / KSPLIT) - kt0;
