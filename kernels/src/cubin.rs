@@ -65,10 +65,10 @@
 //! Every offset and length is checked: malformed input yields a
 //! [`CubinError`], never a panic.
 
-use crate::compile::FunctionResources;
 use object::elf;
 use object::read::elf::{FileHeader, SectionHeader, Sym};
 use object::LittleEndian;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 type Header = elf::FileHeader64<LittleEndian>;
@@ -82,6 +82,18 @@ const STO_CUDA_ENTRY: u8 = 0x10;
 /// Shared memory the sm_90+ layout places at the start of every kernel's
 /// `.nv.shared.<name>` section (not part of ptxas's "bytes smem").
 const SM90_RESERVED_SMEM: u64 = 1024;
+
+/// Resources of one kernel function of a compiled module.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionResources {
+    pub name: String,
+    pub registers: u32,
+    /// Bytes of spill stores (local memory written because registers ran out).
+    pub spill_bytes: u32,
+    /// Stack frame bytes (local arrays plus spills).
+    pub stack_bytes: u32,
+    pub static_smem: u32,
+}
 
 /// `EIATTR_*` attribute ids this module interprets.
 pub mod attr {

@@ -5,8 +5,8 @@
 //! A missing driver or GPU is the typed error `GpuError::NoGpu`
 //! ("no CUDA GPU: ..."), never a panic.
 
-use crate::compile::{Arch, CompiledVariant};
-use crate::family::{DeviceLimits, LaunchGeometry};
+use crate::compile::CompiledVariant;
+use crate::device::{Arch, DeviceLimits, LaunchGeometry};
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -292,7 +292,7 @@ impl Gpu {
         &self,
         dst: &DeviceBuffer,
         offset: usize,
-        data: &crate::runtime::PinnedBuf<T>,
+        data: &PinnedBuf<T>,
         from: usize,
         len: usize,
     ) -> Result<(), GpuError> {
@@ -348,7 +348,7 @@ impl Gpu {
         &self,
         src: &DeviceBuffer,
         offset: usize,
-        dst: &mut crate::runtime::PinnedBuf<T>,
+        dst: &mut PinnedBuf<T>,
         len: usize,
     ) -> Result<(), GpuError> {
         let n = len * std::mem::size_of::<T>();
@@ -613,6 +613,63 @@ impl Gpu {
     /// Checks for an asynchronous error from earlier launches.
     pub fn check_async(&self) -> Result<(), GpuError> {
         self.synchronize()
+    }
+}
+
+/// Page-locked host memory of `len` elements of `T`, the source and
+/// destination of asynchronous copies (pageable memory would make the driver
+/// stage, and sometimes synchronize, every copy).
+pub struct PinnedBuf<T: Copy> {
+    ctx: Arc<CudaContext>,
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this handle; it has no
+// thread affinity, and the handle gives out references only through &self /
+// &mut self.
+unsafe impl<T: Copy + Send> Send for PinnedBuf<T> {}
+
+impl<T: Copy + Default> PinnedBuf<T> {
+    /// `len` elements, each `T::default()`.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<PinnedBuf<T>, GpuError> {
+        let ctx = gpu.context();
+        drv("cuCtxSetCurrent", ctx.bind_to_thread())?;
+        let bytes = (len.max(1)) * std::mem::size_of::<T>();
+        // SAFETY: a plain page-locked allocation of `bytes`; freed once in Drop.
+        let raw = drv("cuMemHostAlloc", unsafe { result::malloc_host(bytes, 0) })?;
+        let ptr = raw as *mut T;
+        for i in 0..len.max(1) {
+            // SAFETY: `ptr` holds len.max(1) elements; each is written once
+            // before any read.
+            unsafe { ptr.add(i).write(T::default()) };
+        }
+        Ok(PinnedBuf { ctx, ptr, len })
+    }
+}
+
+impl<T: Copy> PinnedBuf<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised elements owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, and &mut self makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> Drop for PinnedBuf<T> {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once here.
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
     }
 }
 

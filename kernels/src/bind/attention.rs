@@ -9,8 +9,9 @@
 //! which `attn_combine(scratch, out, n_q, n_heads, splits)` then merges.
 
 use super::{i32_arg, ptr, DevPtr};
-use crate::family::{AttnProblem, LaunchGeometry};
+use crate::device::LaunchGeometry;
 use crate::gpu::{Gpu, GpuError, KArg};
+use crate::problem::AttnProblem;
 use crate::runtime::Kernel;
 
 /// Most KV splits a decode launch uses (grid.z); ATTN_MAX_SPLITS of
@@ -75,6 +76,21 @@ pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
     MAX_SPLITS * p.n_q * p.n_heads * (p.head_dim + 2) * 4
 }
 
+/// The combine launch of the decode kernel: one block per (token, head) row
+/// and 64 head dims (attn_decode.cu).
+pub fn combine_geometry(a: &AttnProblem) -> LaunchGeometry {
+    LaunchGeometry {
+        kernel: "attn_combine".into(),
+        grid: (
+            (a.n_q * a.n_heads) as u32,
+            a.head_dim.div_ceil(64) as u32,
+            1,
+        ),
+        block: (256, 1, 1),
+        dyn_smem: 0,
+    }
+}
+
 /// Launches a planned attention kernel. Prefill: one plain launch. Decode:
 /// the kernel is a programmatic dependent of the launch before it (on
 /// sm_90 it starts while that grid drains, copies the cache's older keys,
@@ -91,8 +107,7 @@ pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<()
         k.launch(gpu, &a.kargs())?;
     }
     if decode && k.has_sibling("attn_combine") {
-        let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
-        let c = k.sibling(geo)?;
+        let c = k.sibling(combine_geometry(p))?;
         c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
     }
     Ok(())

@@ -243,9 +243,9 @@ impl MatmulBinding {
     }
 
     /// Geometry of the `gemm_dq_convert` pre-pass for `m*k` values.
-    pub fn dq_convert_geometry(m: usize, k: usize) -> crate::family::LaunchGeometry {
+    pub fn dq_convert_geometry(m: usize, k: usize) -> crate::device::LaunchGeometry {
         let pairs = (m * k / 2) as u64;
-        crate::family::LaunchGeometry {
+        crate::device::LaunchGeometry {
             kernel: "gemm_dq_convert".into(),
             grid: (pairs.div_ceil(256) as u32, 1, 1),
             block: (256, 1, 1),
@@ -255,7 +255,7 @@ impl MatmulBinding {
 
     /// Bytes of the device copy of an `[n][k]` weight in this layout
     /// (quant plane or blocks, then scales).
-    pub fn weight_bytes(&self, wt: crate::family::WType, n: usize, k: usize) -> (usize, usize) {
+    pub fn weight_bytes(&self, wt: crate::problem::WType, n: usize, k: usize) -> (usize, usize) {
         let nb = n * k / 32;
         match self.layout {
             WeightLayout::GgufBlocks => (n * wt.row_bytes(k), 0),
@@ -274,7 +274,8 @@ impl MatmulBinding {
 mod tests {
     use super::*;
     use crate::defines::defines;
-    use crate::family::{family, WType};
+    use crate::family::family;
+    use crate::problem::WType;
     use crate::quant::GgmlType;
 
     #[test]

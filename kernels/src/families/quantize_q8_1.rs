@@ -2,13 +2,13 @@
 //! Bitexact against `families::q8_1_replay`.
 
 use super::{q8_1_replay, random_matrix, rng_for};
-use crate::check::{CheckReport, Tolerance, POISON_BITS};
-use crate::defines::{defines, Defines};
-use crate::family::{
-    int_range, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
-};
+use crate::defines::{defines, int_range, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
+use crate::kernel_family::Family;
+use crate::problem::{matmul_of, Problem};
 use crate::quant::GgmlType;
+use crate::verdict::{CheckReport, Contract, Tolerance, POISON_BITS};
 use crate::workload::{poison, OpKind, Workload};
 
 pub struct QuantizeQ81;
