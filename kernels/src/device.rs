@@ -98,3 +98,21 @@ impl LaunchGeometry {
         self.block.0 * self.block.1 * self.block.2
     }
 }
+
+/// How a family's kernel is enqueued beyond its geometry: whether it waits
+/// for the launch before it by itself, and what must follow it. The family
+/// decides it from its defines (`Family::launch_sequence`), and the check
+/// workloads and the engine's launches (`bind`) both follow it, so no
+/// launch decision depends on a family or entry name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LaunchSequence {
+    /// One launch in stream order.
+    #[default]
+    Single,
+    /// Decode attention: the kernel is a programmatic dependent of the
+    /// launch before it (`Gpu::launch_dependent`: PDL on sm_90, stream
+    /// order below) and reads the position from device memory. With
+    /// `combine`, its split-KV partials are merged by the module's
+    /// `attn_combine`, launched as a programmatic dependent of it.
+    Decode { combine: bool },
+}

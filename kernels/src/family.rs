@@ -2,7 +2,7 @@
 //! live in `kernel_family`, `problem`, `device` and `verdict`, modules that
 //! do not depend on the families themselves).
 
-pub use crate::device::{DeviceLimits, LaunchGeometry};
+pub use crate::device::{DeviceLimits, LaunchGeometry, LaunchSequence};
 pub use crate::kernel_family::Family;
 pub use crate::problem::{
     attn_of, rows_of, wtype_define, AttnProblem, KvType, MatmulProblem, Problem, ProblemKind,

@@ -5,7 +5,7 @@
 
 use crate::compile::{CompileSource, SourceSpec};
 use crate::defines::Defines;
-use crate::device::{Arch, DeviceLimits, LaunchGeometry};
+use crate::device::{Arch, DeviceLimits, LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError};
 use crate::problem::{Problem, ProblemKind};
 use crate::quant::GgmlType;
@@ -56,6 +56,10 @@ pub trait Family: Sync {
         p: &Problem,
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String>;
+    /// How a variant with these defines is enqueued (`LaunchSequence`).
+    fn launch_sequence(&self, _d: &Defines) -> Result<LaunchSequence, String> {
+        Ok(LaunchSequence::Single)
+    }
     /// Seeded inputs on the GPU, the CPU reference, and the launch sequence.
     fn workload(
         &self,

@@ -8,7 +8,7 @@
 
 use crate::compile::{compile, CompiledVariant};
 use crate::defines::{canonical, Defines};
-use crate::device::LaunchGeometry;
+use crate::device::{LaunchGeometry, LaunchSequence};
 pub use crate::gpu::PinnedBuf;
 use crate::gpu::{drv, Gpu, GpuError, KArg, Module};
 use crate::kernel_family::Family;
@@ -28,6 +28,8 @@ pub struct Kernel {
     pub geo: LaunchGeometry,
     /// `family/defines` (what `run -v` and the phase table print).
     pub label: String,
+    /// How the family enqueues this kernel (`Family::launch_sequence`).
+    sequence: LaunchSequence,
 }
 
 // SAFETY: a CUfunction is a handle into a module the Arc keeps loaded; the
@@ -63,6 +65,11 @@ impl Kernel {
     pub fn module(&self) -> &Arc<Module> {
         &self.module
     }
+    /// How the kernel's family enqueues it (what `bind`'s launch functions
+    /// follow); `Single` for a sibling.
+    pub fn sequence(&self) -> LaunchSequence {
+        self.sequence
+    }
     /// Whether the module has an entry `name`.
     pub fn has_sibling(&self, name: &str) -> bool {
         self.module.function(name).is_ok()
@@ -75,6 +82,7 @@ impl Kernel {
             func,
             label: format!("{} [{}]", self.label, geo.kernel),
             geo,
+            sequence: LaunchSequence::Single,
         })
     }
 }
@@ -126,6 +134,9 @@ impl KernelCache {
         defines: &Defines,
         geo: LaunchGeometry,
     ) -> Result<Kernel, GpuError> {
+        let sequence = family
+            .launch_sequence(defines)
+            .map_err(|r| GpuError::Rejected(format!("{}: {r}", family.name())))?;
         let module = self.module(gpu, family, defines)?;
         let func = module.function(&geo.kernel)?;
         Ok(Kernel {
@@ -133,6 +144,7 @@ impl KernelCache {
             func,
             label: format!("{}/{}", family.name(), canonical(defines)),
             geo,
+            sequence,
         })
     }
 

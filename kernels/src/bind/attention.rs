@@ -9,7 +9,7 @@
 //! which `attn_combine(scratch, out, n_q, n_heads, splits)` then merges.
 
 use super::{i32_arg, ptr, DevPtr};
-use crate::device::LaunchGeometry;
+use crate::device::{LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError, KArg};
 use crate::problem::AttnProblem;
 use crate::runtime::Kernel;
@@ -91,24 +91,26 @@ pub fn combine_geometry(a: &AttnProblem) -> LaunchGeometry {
     }
 }
 
-/// Launches a planned attention kernel. Prefill: one plain launch. Decode:
-/// the kernel is a programmatic dependent of the launch before it (on
-/// sm_90 it starts while that grid drains, copies the cache's older keys,
-/// and waits for that grid before it reads Q or the step's new keys;
-/// kernels/cuda/attn_split.cuh), and after a tensor-core decode launch the
-/// combine of its splits follows as a programmatic dependent too (resident
-/// while the splits stream; it reads their partials once
-/// `griddepcontrol.wait` says they are complete).
+/// Launches a planned attention kernel as its family's `LaunchSequence`
+/// says (`Kernel::sequence`, fixed when the kernel was resolved). `Single`
+/// (prefill): one plain launch. `Decode`: the kernel is a programmatic
+/// dependent of the launch before it (on sm_90 it starts while that grid
+/// drains, copies the cache's older keys, and waits for that grid before it
+/// reads Q or the step's new keys; kernels/cuda/attn_split.cuh), and with
+/// `combine` (every tensor-core decode) the combine of its splits follows
+/// as a programmatic dependent too (resident while the splits stream; it
+/// reads their partials once `griddepcontrol.wait` says they are
+/// complete).
 pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
-    let decode = k.geo.kernel == "attn_decode";
-    if decode {
-        k.launch_dependent(gpu, &a.kargs())?;
-    } else {
-        k.launch(gpu, &a.kargs())?;
+    match k.sequence() {
+        LaunchSequence::Single => k.launch(gpu, &a.kargs()),
+        LaunchSequence::Decode { combine } => {
+            k.launch_dependent(gpu, &a.kargs())?;
+            if combine {
+                let c = k.sibling(combine_geometry(p))?;
+                c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
+            }
+            Ok(())
+        }
     }
-    if decode && k.has_sibling("attn_combine") {
-        let c = k.sibling(combine_geometry(p))?;
-        c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
-    }
-    Ok(())
 }

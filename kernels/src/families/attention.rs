@@ -8,7 +8,7 @@ use super::{memo, random_matrix, rng_for};
 use crate::bind::attention::{AttnArgs, MAX_SPLITS};
 use crate::bind::ActFormat;
 use crate::defines::{get_int, get_str, Defines};
-use crate::device::{DeviceLimits, LaunchGeometry};
+use crate::device::{DeviceLimits, LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError};
 use crate::oracle::{attention, AttnParams};
 use crate::problem::{attn_of, AttnProblem, KvType, Problem};
@@ -509,8 +509,10 @@ fn upload_kv(gpu: &Gpu, t: KvType, v: &[f32]) -> Result<crate::gpu::DeviceBuffer
     }
 }
 
-/// A checkable, timeable attention call. `decode`: pos0 from device memory
-/// and (tensor cores) split-KV with the combine. `io`: how q and out are
+/// A checkable, timeable attention call, enqueued as `seq` says (the
+/// family's `launch_sequence`, which the engine's launch follows too):
+/// `Decode` reads pos0 from device memory and is a programmatic dependent,
+/// with the combine after it when `combine`. `io`: how q and out are
 /// stored (`PrefillIo::F32` for decode).
 pub fn workload(
     gpu: &Gpu,
@@ -518,10 +520,14 @@ pub fn workload(
     p: &Problem,
     geo: &LaunchGeometry,
     seed: u64,
-    decode: bool,
+    seq: LaunchSequence,
     io: PrefillIo,
 ) -> Result<Box<dyn crate::workload::Workload>, GpuError> {
     let a = *attn_of(p).map_err(GpuError::Rejected)?;
+    let (decode, combine) = match seq {
+        LaunchSequence::Single => (false, false),
+        LaunchSequence::Decode { combine } => (true, combine),
+    };
     // Every ALGO but the scalar one rounds Q (and P) to the cache type.
     let tensor_cores = get_int(d, "ALGO").map_err(GpuError::Rejected)? != 0;
     let inp = inputs(&a, seed);
@@ -559,12 +565,13 @@ pub fn workload(
         window: a.window,
         scratch: scratch.ptr(),
     };
-    let then = match (tensor_cores, decode) {
-        (true, true) => vec![(
+    let then = if combine {
+        vec![(
             crate::bind::attention::combine_geometry(&a),
             crate::bind::attention::combine_kargs(&args, splits),
-        )],
-        _ => Vec::new(),
+        )]
+    } else {
+        Vec::new()
     };
     let key = format!("attn ref {a:?} {seed}");
     let replay_key = format!("attn replay {a:?} {seed} {op:?}");

@@ -8,7 +8,7 @@
 use super::attention;
 use crate::bind::attention::MAX_SPLITS;
 use crate::defines::{defines, get_int, Defines};
-use crate::device::{DeviceLimits, LaunchGeometry};
+use crate::device::{DeviceLimits, LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError};
 use crate::kernel_family::Family;
 use crate::problem::{attn_of, Problem, ProblemKind};
@@ -82,6 +82,13 @@ impl Family for AttnDecode {
         };
         Ok(attention::geometry("attn_decode", &algo, a, z, lim))
     }
+    /// A programmatic dependent; every tensor-core ALGO splits the keys
+    /// and has its partials combined, the scalar kernel (ALGO 0) does not.
+    fn launch_sequence(&self, d: &Defines) -> Result<LaunchSequence, String> {
+        Ok(LaunchSequence::Decode {
+            combine: get_int(d, "ALGO")? != 0,
+        })
+    }
     fn workload(
         &self,
         gpu: &Gpu,
@@ -90,7 +97,8 @@ impl Family for AttnDecode {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        attention::workload(gpu, d, p, geo, seed, true, attention::PrefillIo::F32)
+        let seq = self.launch_sequence(d).map_err(GpuError::Rejected)?;
+        attention::workload(gpu, d, p, geo, seed, seq, attention::PrefillIo::F32)
     }
 }
 

@@ -117,7 +117,8 @@ impl Family for AttnPrefill {
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
         let io = PrefillIo::read(d).map_err(GpuError::Rejected)?;
-        attention::workload(gpu, d, p, geo, seed, false, io)
+        let seq = self.launch_sequence(d).map_err(GpuError::Rejected)?;
+        attention::workload(gpu, d, p, geo, seed, seq, io)
     }
 }
 
