@@ -7,6 +7,7 @@
 //! kernel the engine launches is the cubin the harness measured.
 
 use crate::compile::{compile, CompiledVariant};
+use crate::cubin::ParamLayout;
 use crate::defines::{canonical, Defines};
 use crate::device::{LaunchGeometry, LaunchSequence};
 pub use crate::gpu::PinnedBuf;
@@ -30,6 +31,9 @@ pub struct Kernel {
     pub label: String,
     /// How the family enqueues this kernel (`Family::launch_sequence`).
     sequence: LaunchSequence,
+    /// The entry's parameter buffer from the cubin (None if unreadable):
+    /// debug builds check every launch's arguments against it.
+    params: Option<ParamLayout>,
 }
 
 // SAFETY: a CUfunction is a handle into a module the Arc keeps loaded; the
@@ -39,14 +43,34 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 impl Kernel {
-    /// Enqueues one launch with the planned geometry.
+    /// Enqueues one launch with the planned geometry. In debug builds,
+    /// arguments that do not pack to the kernel's parameter buffer are
+    /// refused (`GpuError::Args`, naming the kernel) before anything is
+    /// enqueued; so are they by `launch_dependent` and `launch_grid`.
     pub fn launch(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
+        self.check_args(args)?;
         gpu.launch_function(self.func, &self.geo, args)
     }
     /// Enqueues one launch as a programmatic dependent of the launch before
     /// it (`Gpu::launch_dependent`): the kernel waits for that grid itself.
     pub fn launch_dependent(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
+        self.check_args(args)?;
         gpu.launch_function_dependent(self.func, &self.geo, args)
+    }
+    /// The entry's parameter buffer, as its cubin lays it out.
+    pub fn param_layout(&self) -> Option<&ParamLayout> {
+        self.params.as_ref()
+    }
+    #[cfg(debug_assertions)]
+    fn check_args(&self, args: &[KArg]) -> Result<(), GpuError> {
+        match &self.params {
+            Some(l) => crate::gpu::check_args(&self.geo.kernel, l, args),
+            None => Ok(()),
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    fn check_args(&self, _args: &[KArg]) -> Result<(), GpuError> {
+        Ok(())
     }
     /// Enqueues one launch with `grid` in place of the planned grid.
     pub fn launch_grid(
@@ -55,6 +79,7 @@ impl Kernel {
         grid: (u32, u32, u32),
         args: &[KArg],
     ) -> Result<(), GpuError> {
+        self.check_args(args)?;
         let geo = LaunchGeometry {
             grid,
             ..self.geo.clone()
@@ -81,6 +106,7 @@ impl Kernel {
             module: self.module.clone(),
             func,
             label: format!("{} [{}]", self.label, geo.kernel),
+            params: self.module.param_layout(&geo.kernel).cloned(),
             geo,
             sequence: LaunchSequence::Single,
         })
@@ -140,6 +166,7 @@ impl KernelCache {
         let module = self.module(gpu, family, defines)?;
         let func = module.function(&geo.kernel)?;
         Ok(Kernel {
+            params: module.param_layout(&geo.kernel).cloned(),
             module,
             func,
             label: format!("{}/{}", family.name(), canonical(defines)),

@@ -79,6 +79,24 @@ pub enum Prepass {
     DqConvert,
 }
 
+impl Prepass {
+    /// The pre-pass parameters turning f32 `x` (`[m][k]`, contiguous) into
+    /// `out`; `None` when there is no pre-pass.
+    /// `quantize_q8_1(x, q, ds, m*k)`, `gemm_dq_convert(x, xh, m*k/2)`.
+    pub fn kargs(self, x: DevPtr, out: &Act, m: usize, k: usize) -> Option<Vec<KArg>> {
+        match self {
+            Prepass::None => None,
+            Prepass::QuantizeQ8_1 => Some(vec![
+                ptr(x),
+                ptr(out.data),
+                ptr(out.scales),
+                KArg::U64((m * k) as u64),
+            ]),
+            Prepass::DqConvert => Some(vec![ptr(x), ptr(out.data), KArg::U64((m * k / 2) as u64)]),
+        }
+    }
+}
+
 /// One matmul variant's calling convention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulBinding {
@@ -230,16 +248,7 @@ impl MatmulBinding {
     /// The pre-pass parameters turning f32 `x` (`[m][k]`, contiguous) into
     /// `out` (this binding's format); `None` when there is no pre-pass.
     pub fn prepass_kargs(&self, x: DevPtr, out: &Act, m: usize, k: usize) -> Option<Vec<KArg>> {
-        match self.prepass {
-            Prepass::None => None,
-            Prepass::QuantizeQ8_1 => Some(vec![
-                ptr(x),
-                ptr(out.data),
-                ptr(out.scales),
-                KArg::U64((m * k) as u64),
-            ]),
-            Prepass::DqConvert => Some(vec![ptr(x), ptr(out.data), KArg::U64((m * k / 2) as u64)]),
-        }
+        self.prepass.kargs(x, out, m, k)
     }
 
     /// Geometry of the `gemm_dq_convert` pre-pass for `m*k` values.
