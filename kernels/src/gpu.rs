@@ -719,21 +719,23 @@ impl KArg {
     }
 }
 
-/// The parameter buffer `args` pack to: each argument at the next offset
-/// its alignment allows, the buffer ending at the last one's end (how the
-/// compiler lays out a kernel's parameters).
+/// `(offset, size)` of each argument packed as the compiler lays out a
+/// kernel's parameters: each at the next offset its alignment allows.
+fn packed(args: &[KArg]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    args.iter().scan(0u32, |end, a| {
+        let (size, align) = a.size_align();
+        let offset = end.next_multiple_of(align);
+        *end = offset + size;
+        Some((offset, size))
+    })
+}
+
+/// The parameter buffer `args` pack to (`packed`), ending at the last
+/// argument's end.
 pub fn packed_layout(args: &[KArg]) -> ParamLayout {
-    let mut end = 0u32;
-    let params = args
-        .iter()
-        .map(|a| {
-            let (size, align) = a.size_align();
-            let offset = end.next_multiple_of(align);
-            end = offset + size;
-            (offset, size)
-        })
-        .collect();
-    ParamLayout { bytes: end, params }
+    let params: Vec<(u32, u32)> = packed(args).collect();
+    let bytes = params.last().map_or(0, |(o, s)| o + s);
+    ParamLayout { bytes, params }
 }
 
 /// Checks that `args` pack to kernel `kernel`'s parameter buffer `want`
@@ -742,19 +744,24 @@ pub fn packed_layout(args: &[KArg]) -> ParamLayout {
 /// calling-convention drift between a `bind` argument list and the
 /// kernel's signature.
 pub fn check_args(kernel: &str, want: &ParamLayout, args: &[KArg]) -> Result<(), GpuError> {
+    // The common case, without allocating: every argument where the cubin
+    // has its parameter.
+    let mut end = 0u32;
+    let mut same = want.params.is_empty() || want.params.len() == args.len();
+    for (i, (offset, size)) in packed(args).enumerate() {
+        end = offset + size;
+        if let Some(&p) = want.params.get(i) {
+            same &= p == (offset, size);
+        }
+    }
+    if same && end == want.bytes {
+        return Ok(());
+    }
     let got = packed_layout(args);
     let describe = |l: &ParamLayout| {
         let p: Vec<String> = l.params.iter().map(|(o, s)| format!("{s}@{o}")).collect();
         format!("{} bytes [{}]", l.bytes, p.join(", "))
     };
-    let fits = if want.params.is_empty() {
-        got.bytes == want.bytes
-    } else {
-        got == *want
-    };
-    if fits {
-        return Ok(());
-    }
     Err(GpuError::Args {
         kernel: kernel.to_string(),
         reason: format!(
