@@ -31,6 +31,8 @@
 //      leading offset steps 64 dims (one block, BKV rows apart) and its
 //      stride offset steps 8 keys (1024 bytes).
 // Every thread issues cp.async copies of K/V rows into the swizzled tiles.
+// The MMAs, descriptors and fences are wgmma.cuh's (wgmma_ss for S,
+// wgmma_rs_tb for PV).
 // STAGES = 1: one K and one V buffer; each tile is copied, waited for, and
 // run through the three steps in turn. STAGES = 2: two K and two V buffers
 // and PV one tile behind: step j issues S_j and P_{j-1} V_{j-1} together,
@@ -85,14 +87,13 @@
 #else
 #error "the wgmma attention kernel reads F16 or BF16 caches"
 #endif
+#include "wgmma.cuh"
 
 #define HD HEAD_DIM
 #define RWG (BQ / 64)
 #define NTHREADS (128 * RWG * WD)
 #define DS (HD / WD)
 #define DB (DS / 64)
-#define SN BKV
-#define ON DS
 #define SACC (BKV / 2)
 #define OACC (DS / 2)
 #define Q_BYTES (BQ * HD * 2)
@@ -141,159 +142,7 @@ DEVI float fast_exp2(float x) {
     return y;
 }
 
-DEVI void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-DEVI void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> DEVI void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
-DEVI void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 DEVI void pair_barrier(int id) { asm volatile("bar.sync %0, 256;" :: "r"(id) : "memory"); }
-
-// K-major operand (Q, K): rows of 128 bytes in the 128-byte swizzle, 8-row
-// groups 1024 bytes apart; `addr` is the first row's address plus 32 bytes
-// per k16 step (the leading offset is unused by this layout).
-DEVI u64 desc_kmajor(u32 addr) {
-    return (u64)(addr >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-// MN-major operand (V read transposed): 64 head dims per 128-byte row, the
-// next 64 dims BKV rows (one block) further, 8-key groups 1024 bytes apart;
-// `addr` is the block of the first 64 dims plus 2048 bytes per k16 step.
-DEVI u64 desc_mnmajor(u32 addr) {
-    return (u64)(addr >> 4) | ((u64)((BKV * 128) >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-
-// D[64 x SN] (+)= A[64 x 16] * B[16 x SN], both from descriptors; scale_d = 0
-// overwrites D. D[64 x ON] += P[64 x 16] (registers) * V[16 x ON] (transposed).
-#if SN == 32
-DEVI void wg_ss_n32(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG_T "." WG_T " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "%16, %17, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-#endif
-#if SN == 64
-DEVI void wg_ss_n64(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-#endif
-#if SN == 128
-DEVI void wg_ss_n128(float (&d)[64], u64 desc_a, u64 desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-#endif
-#if ON == 128
-DEVI void wg_rs_n128_tb(float (&d)[64], const u32 (&a)[4], u64 desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-#endif
-#if ON == 256
-DEVI void wg_rs_n256_tb(float (&d)[128], const u32 (&a)[4], u64 desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." WG_T "." WG_T " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "{%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-#endif
-
-#if SN == 32
-#define WG_SS wg_ss_n32
-#elif SN == 64
-#define WG_SS wg_ss_n64
-#else
-#define WG_SS wg_ss_n128
-#endif
-#if ON == 128
-#define WG_RS wg_rs_n128_tb
-#else
-#define WG_RS wg_rs_n256_tb
-#endif
-
-// Pins registers an async MMA wrote (or reads), so that no use is
-// scheduled before, and no reuse of the registers after, the wait that
-// completes it.
-template <int N> DEVI void fence_regs(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N> DEVI void fence_frags(u32 (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
-}
 
 // What the tile loop's helpers read that is fixed for the CTA (buffers,
 // bounds), for the thread (its rows and its share of the copies) or for the
@@ -369,23 +218,23 @@ DEVI void load_rows(const AttnCta& c, int kvh, const u16* src_base, u32 dst, int
 DEVI void issue_scores(const AttnCta& c, float (&s)[SACC], u32 k_buf) {
     const u64 dq = desc_kmajor(c.s_q + c.wr * 64 * 128 + c.wdd * DB * BQ * 128);
     const u64 dk = desc_kmajor(k_buf + c.wdd * DB * BKV * 128);
-    wg_fence();
+    wgmma_fence();
 #pragma unroll
     for (int b = 0; b < DB; ++b)
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            WG_SS(s, dq + (u64)((b * BQ * 128 + k * 32) >> 4), dk + (u64)((b * BKV * 128 + k * 32) >> 4),
+            wgmma_ss(s, dq + (u64)((b * BQ * 128 + k * 32) >> 4), dk + (u64)((b * BKV * 128 + k * 32) >> 4),
                   (b | k) != 0);
-    wg_commit();
+    wgmma_commit();
 }
 
 // O += P V over this warpgroup's head-dim slice (issued, not waited).
 DEVI void issue_pv(const AttnCta& c, float (&o)[OACC], u32 (&pa)[BKV / 16][4], u32 v_buf) {
-    const u64 dv = desc_mnmajor(v_buf + c.wdd * DB * BKV * 128);
-    wg_fence();
+    const u64 dv = desc_mnmajor(v_buf + c.wdd * DB * BKV * 128, BKV * 128);
+    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BKV / 16; ++kk) WG_RS(o, pa[kk], dv + (u64)((kk * 2048) >> 4));
-    wg_commit();
+    for (int kk = 0; kk < BKV / 16; ++kk) wgmma_rs_tb(o, pa[kk], dv + (u64)((kk * 2048) >> 4));
+    wgmma_commit();
 }
 
 // With WD = 2: adds the partner warpgroup's partial scores (same rows, the
@@ -643,7 +492,7 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
     auto sync_and_load = [&](int j) {
         cp_async_wait<0>();
         unstage_q(j - 1 - lo);
-        fence_async_smem();
+        fence_proxy_async();
         __syncthreads();
 #if COUNT_TILES
         if (c.tid == 0) atomicAdd(tile_count, 1u);
@@ -670,7 +519,7 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
     // Tile lo: its scores and P; no O yet.
     sync_and_load(lo);
     issue_scores(c, s, k_buf(lo));
-    wg_wait<0>();
+    wgmma_wait<0>();
     fence_regs(s);
     exchange_scores(c, s);
     softmax_tile(c, s, lo, m_r, l_r, alpha);
@@ -679,11 +528,11 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
         sync_and_load(j);
         issue_scores(c, s, k_buf(j));
         issue_pv(c, o, pa, c.s_v + ((j - 1 - lo) & 1) * KV_BYTES);
-        wg_wait<1>();
+        wgmma_wait<1>();
         fence_regs(s);
         exchange_scores(c, s);
         softmax_tile(c, s, j, m_r, l_r, alpha);
-        wg_wait<0>();
+        wgmma_wait<0>();
         fence_regs(o);
         fence_frags(pa);
         pack_probs(s, pa);
@@ -692,7 +541,7 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
     // The last tile's PV: its V was copied at the top of its step.
     cp_async_wait<1>();
     unstage_q(hi - lo);
-    fence_async_smem();
+    fence_proxy_async();
     __syncthreads();
     issue_pv(c, o, pa, c.s_v + ((hi - lo) & 1) * KV_BYTES);
 #if PERSIST == 2
@@ -702,7 +551,7 @@ DEVI int run_band(const AttnCta& c, float (&o)[OACC], float (&m_r)[2], float (&l
         cp_async_commit();
     }
 #endif
-    wg_wait<0>();
+    wgmma_wait<0>();
     fence_regs(o);
     fence_frags(pa);
     return (kpar + hi + 1 - lo) & 1;
@@ -917,20 +766,20 @@ ATTN_ENTRY(const q_elem* __restrict__ q, const u16* __restrict__ kc, const u16* 
         }
         cp_async_wait<0>();
         // Publish the copies (and Q's stores) to the tensor cores' async proxy.
-        fence_async_smem();
+        fence_proxy_async();
         __syncthreads();
 #if COUNT_TILES
         if (c.tid == 0) atomicAdd(tile_count, 1u);
 #endif
         issue_scores(c, s, c.s_k);
-        wg_wait<0>();
+        wgmma_wait<0>();
         fence_regs(s);
         exchange_scores(c, s);
         softmax_tile(c, s, tile, m_r, l_r, alpha);
         pack_probs(s, pa);
         rescale(o, alpha);
         issue_pv(c, o, pa, c.s_v);
-        wg_wait<0>();
+        wgmma_wait<0>();
         fence_regs(o);
         fence_frags(pa);
         __syncthreads();

@@ -100,114 +100,39 @@
 #error "tile does not divide the warp layout"
 #endif
 
-// Copy work per stage, as (16-byte or 4-byte chunks per row) and rows
-// advanced per pass of all threads. Chunks per row divide 32, so each thread
-// keeps one column for every pass and only its row moves.
-#define A_CPR (BK / 8)
-#define A_RSTEP (THREADS / A_CPR)
-#define A_ITERS ((BM + A_RSTEP - 1) / A_RSTEP)
-#define B_CPR (BKW / 16)
-#define B_RSTEP (THREADS / B_CPR)
-#define B_ITERS ((BN + B_RSTEP - 1) / B_RSTEP)
-#define S_RSTEP (THREADS / KB)
-#define S_ITERS ((BN + S_RSTEP - 1) / S_RSTEP)
+// The stage's three tiles (stage_copy.cuh): activations (8 DQ_TYPE values
+// per 16-byte chunk), weight quants (16 or 32 k per chunk) and scales (one
+// f32 per 32 k), their row strides recomputed from K per tile.
+typedef StageTile<16, 8, 2, 1, BK, BM, THREADS, SA> ATile;
+#if WTYPE == Q8_0
+typedef StageTile<16, 16, 1, 1, BK, BN, THREADS, SB> BTile;
+#else
+typedef StageTile<16, 32, 1, 2, BK, BN, THREADS, SB> BTile;
+#endif
+typedef StageTile<4, 32, 1, 8, BK, BN, THREADS, KB * 4> STile;
 
-// One thread's share of the stage copies, fixed for the whole k loop:
-// row 0 pointers (k = this thread's column), the rows left before the M / N
-// edge, and the shared-memory offset of its first chunk. (Row strides are
-// recomputed from K per tile: cheaper than holding six more registers.)
+// One thread's share of the stage copies, fixed for the whole k loop.
 struct Loader {
-    const u8* a_src;
-    const u8* b_src;
-    const u8* s_src;
-    int a_rows, b_rows, s_rows;  // rows (from this thread's first) inside the matrix
-    int a_col, b_col, s_col;     // first k of this thread's chunk (in k units)
-    u32 a_off, b_off, s_off;     // stage-relative shared offsets
+    ATile a;
+    BTile b;
+    STile s;
 };
 
 DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
                         const u16* __restrict__ xh, int m0, int n0, int M, int N, int K) {
     Loader L;
-    const int t = threadIdx.x;
-    {
-        const int r = t / A_CPR, cc = t % A_CPR;
-        L.a_rows = M - m0 - r;
-        L.a_col = cc * 8;
-        L.a_src = reinterpret_cast<const u8*>(xh) + ((u64)(m0 + r) * K + cc * 8) * 2;
-        L.a_off = r * SA + cc * 16;
-    }
-    {
-        const int r = t / B_CPR, cc = t % B_CPR;
-        L.b_rows = N - n0 - r;
-#if WTYPE == Q8_0
-        L.b_col = cc * 16;
-        L.b_src = wq + (u64)(n0 + r) * K + cc * 16;
-#else
-        L.b_col = cc * 32;
-        L.b_src = wq + (u64)(n0 + r) * (K / 2) + cc * 16;
-#endif
-        L.b_off = A_BYTES + r * SB + cc * 16;
-    }
-    {
-        const int r = t / KB, j = t % KB;
-        L.s_rows = N - n0 - r;
-        L.s_col = j * 32;
-        L.s_src = reinterpret_cast<const u8*>(wd + (u64)(n0 + r) * (K / 32) + j);
-        L.s_off = A_BYTES + B_BYTES + (r * KB + j) * 4;
-    }
+    STAGE_TILE_INIT(ATile, L.a, xh, m0, M, K, 0);
+    STAGE_TILE_INIT(BTile, L.b, wq, n0, N, K, A_BYTES);
+    STAGE_TILE_INIT(STile, L.s, wd, n0, N, K, A_BYTES + B_BYTES);
     return L;
 }
 
 // Issues the copies of k tile kt into the stage at shared address `st`
 // (generic pointer `gst` for the synchronous path).
 DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, int K) {
-    const int k0 = kt * BK;
-    {
-        const bool kok = k0 + L.a_col < K;
-        const u8* p = L.a_src + (u64)k0 * 2;
-        const u64 step = (u64)(A_RSTEP * 2) * (u32)K;
-#pragma unroll
-        for (int it = 0; it < A_ITERS; ++it) {
-            if (BM % A_RSTEP == 0 || it * A_RSTEP + (int)(threadIdx.x / A_CPR) < BM) {
-                const bool ok = kok && it * A_RSTEP < L.a_rows;
-                const u32 o = L.a_off + it * A_RSTEP * SA;
-                copy16(st + o, gst + o, ok ? p : base, ok);
-            }
-            p += step;
-        }
-    }
-    {
-        const bool kok = k0 + L.b_col < K;
-#if WTYPE == Q8_0
-        const u8* p = L.b_src + k0;
-#else
-        const u8* p = L.b_src + k0 / 2;
-#endif
-        const u64 step = (u64)(WTYPE == Q8_0 ? B_RSTEP : B_RSTEP / 2) * (u32)K;
-#pragma unroll
-        for (int it = 0; it < B_ITERS; ++it) {
-            if (BN % B_RSTEP == 0 || it * B_RSTEP + (int)(threadIdx.x / B_CPR) < BN) {
-                const bool ok = kok && it * B_RSTEP < L.b_rows;
-                const u32 o = L.b_off + it * B_RSTEP * SB;
-                copy16(st + o, gst + o, ok ? p : base, ok);
-            }
-            p += step;
-        }
-    }
-    {
-        const bool kok = k0 + L.s_col < K;
-        const u8* p = L.s_src + (k0 / 32) * 4;
-        const u64 step = (u64)(S_RSTEP / 8) * (u32)K;
-#pragma unroll
-        for (int it = 0; it < S_ITERS; ++it) {
-            if (BN % S_RSTEP == 0 || it * S_RSTEP + (int)(threadIdx.x / KB) < BN) {
-                const bool ok = kok && it * S_RSTEP < L.s_rows;
-                const u32 o = L.s_off + it * S_RSTEP * KB * 4;
-                copy4(st + o, gst + o, ok ? p : base, ok);
-            }
-            p += step;
-        }
-    }
+    L.a.copy(st, gst, base, kt, K);
+    L.b.copy(st, gst, base, kt, K);
+    L.s.copy(st, gst, base, kt, K);
 }
 
 // Dequantizes 4 biased bytes into the two MMA operand words (common.cuh).

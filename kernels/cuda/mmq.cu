@@ -89,109 +89,45 @@
 #error "tile does not divide the warp layout"
 #endif
 
-// Copy work per stage: chunks per row (16 bytes, or 4-byte scales) and rows
-// advanced per pass of all threads. Chunks per row divide 32, so each thread
-// keeps one column for every pass and only its row moves.
-#define A_CPR (BK / 16)
-#define A_RSTEP (THREADS / A_CPR)
-#define A_ITERS ((BM + A_RSTEP - 1) / A_RSTEP)
-#define B_CPR (BKW / 16)
-#define B_RSTEP (THREADS / B_CPR)
-#define B_ITERS ((BN + B_RSTEP - 1) / B_RSTEP)
-#define S_RSTEP (THREADS / KB)
-#define SA_ITERS ((BM + S_RSTEP - 1) / S_RSTEP)
-#define SB_ITERS ((BN + S_RSTEP - 1) / S_RSTEP)
+// The stage's four tiles (stage_copy.cuh): activation quants (16 k per
+// 16-byte chunk), weight quants (16 or 32 k per chunk), the d of each
+// activation block's (d, sum) pair and the weight scales (one f32 per 32
+// k), each holding its row stride in registers (HoldStep).
+typedef StageTile<16, 16, 1, 1, BK, BM, THREADS, SA, false, true> ATile;
+#if WTYPE == Q8_0
+typedef StageTile<16, 16, 1, 1, BK, BN, THREADS, SB, false, true> BTile;
+#else
+typedef StageTile<16, 32, 1, 2, BK, BN, THREADS, SB, false, true> BTile;
+#endif
+typedef StageTile<4, 32, 1, 4, BK, BM, THREADS, KB * 4, false, true> SaTile;
+typedef StageTile<4, 32, 1, 8, BK, BN, THREADS, KB * 4, false, true> SbTile;
 
-// One thread's share of the stage copies, fixed for the whole k loop: row 0
-// pointers (k = this thread's column), byte strides between its rows of
-// consecutive passes, rows left before the M / N edge, its first k, and the
-// stage-relative shared offset of its first chunk.
-struct Part {
-    const u8* src;
-    u64 step;
-    int rows;
-    int col;
-    u32 off;
-};
+// One thread's share of the stage copies, fixed for the whole k loop.
 struct Loader {
-    Part a, b, sa, sb;
+    ATile a;
+    BTile b;
+    SaTile sa;
+    SbTile sb;
 };
 
 DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
                         const i8* __restrict__ xq, const float2* __restrict__ xds,
                         int m0, int n0, int M, int N, int K) {
     Loader L;
-    const int t = threadIdx.x;
-    const int nbk = K / 32;
-    {
-        const int r = t / A_CPR, cc = t % A_CPR;
-        L.a.rows = M - m0 - r;
-        L.a.col = cc * 16;
-        L.a.src = reinterpret_cast<const u8*>(xq) + (u64)(m0 + r) * K + cc * 16;
-        L.a.step = (u64)A_RSTEP * K;
-        L.a.off = r * SA + cc * 16;
-    }
-    {
-        const int r = t / B_CPR, cc = t % B_CPR;
-        L.b.rows = N - n0 - r;
-#if WTYPE == Q8_0
-        L.b.col = cc * 16;
-        L.b.src = wq + (u64)(n0 + r) * K + cc * 16;
-        L.b.step = (u64)B_RSTEP * K;
-#else
-        L.b.col = cc * 32;
-        L.b.src = wq + (u64)(n0 + r) * (K / 2) + cc * 16;
-        L.b.step = (u64)B_RSTEP * (K / 2);
-#endif
-        L.b.off = A_BYTES + r * SB + cc * 16;
-    }
-    {
-        const int r = t / KB, j = t % KB;
-        // The d of each (d, sum) pair of the Q8_1 activation blocks.
-        L.sa.rows = M - m0 - r;
-        L.sa.col = j * 32;
-        L.sa.src = reinterpret_cast<const u8*>(xds + (u64)(m0 + r) * nbk + j);
-        L.sa.step = (u64)S_RSTEP * nbk * 8;
-        L.sa.off = A_BYTES + B_BYTES + (r * KB + j) * 4;
-        L.sb.rows = N - n0 - r;
-        L.sb.col = j * 32;
-        L.sb.src = reinterpret_cast<const u8*>(wd + (u64)(n0 + r) * nbk + j);
-        L.sb.step = (u64)S_RSTEP * nbk * 4;
-        L.sb.off = A_BYTES + B_BYTES + SCA_BYTES + (r * KB + j) * 4;
-    }
+    STAGE_TILE_INIT(ATile, L.a, xq, m0, M, K, 0);
+    STAGE_TILE_INIT(BTile, L.b, wq, n0, N, K, A_BYTES);
+    STAGE_TILE_INIT(SaTile, L.sa, xds, m0, M, K, A_BYTES + B_BYTES);
+    STAGE_TILE_INIT(SbTile, L.sb, wd, n0, N, K, A_BYTES + B_BYTES + SCA_BYTES);
     return L;
 }
 
-// Copies of one part for k tile starting at k0; `kstep` is the source bytes
-// per k tile, `rstep`/`iters`/`cpr`/`lim` the pass geometry and `stride` the
-// shared bytes between passes.
-template <int ITERS, int RSTEP, int CPR, int LIM, int SSTRIDE, int BYTES>
-DEVI void load_part(const Part& P, u32 st, u8* gst, const u8* base, int k0, u64 koff, int K) {
-    const bool kok = k0 + P.col < K;
-    const u8* p = P.src + koff;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-        if (LIM % RSTEP == 0 || it * RSTEP + (int)(threadIdx.x / CPR) < LIM) {
-            const bool ok = kok && it * RSTEP < P.rows;
-            const u32 o = P.off + it * SSTRIDE;
-            if (BYTES == 16)
-                copy16(st + o, gst + o, ok ? p : base, ok);
-            else
-                copy4(st + o, gst + o, ok ? p : base, ok);
-        }
-        p += P.step;
-    }
-}
-
+// Issues the copies of k tile kt into the stage at shared address `st`
+// (generic pointer `gst` for the synchronous path).
 DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, int K) {
-    const int k0 = kt * BK;
-    load_part<A_ITERS, A_RSTEP, A_CPR, BM, A_RSTEP * SA, 16>(L.a, st, gst, base, k0, (u64)k0, K);
-    load_part<B_ITERS, B_RSTEP, B_CPR, BN, B_RSTEP * SB, 16>(L.b, st, gst, base, k0,
-                                                             (u64)(k0 * BKW / BK), K);
-    load_part<SA_ITERS, S_RSTEP, KB, BM, S_RSTEP * KB * 4, 4>(L.sa, st, gst, base, k0,
-                                                              (u64)(k0 / 32) * 8, K);
-    load_part<SB_ITERS, S_RSTEP, KB, BN, S_RSTEP * KB * 4, 4>(L.sb, st, gst, base, k0,
-                                                              (u64)(k0 / 32) * 4, K);
+    L.a.copy(st, gst, base, kt, K);
+    L.b.copy(st, gst, base, kt, K);
+    L.sa.copy(st, gst, base, kt, K);
+    L.sb.copy(st, gst, base, kt, K);
 }
 
 DEVI float to_float(int c) {

@@ -10,9 +10,10 @@
 //! process ([`take_recoveries`]) rather than printed per variant. Many
 //! compiles at once go through `crate::pool`.
 
+pub use crate::cubin::FunctionResources;
 use crate::cubin::{Cubin, CubinError};
 use crate::defines::{canonical, to_options, Defines};
-use crate::family::Family;
+pub use crate::device::Arch;
 use crate::source;
 use cudarc::nvrtc::sys as nvrtc_sys;
 use serde::{Deserialize, Serialize};
@@ -20,52 +21,7 @@ use sha2::{Digest, Sha256};
 use std::ffi::{c_char, CString};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use thiserror::Error;
-
-/// A CUDA compute capability as an SM number: 80 (A100), 89 (Ada), 90 (H100).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Arch(pub u32);
-
-impl Arch {
-    /// Shared memory a block may opt in to on this architecture, in bytes;
-    /// used by `validate` when no GPU is present.
-    pub fn max_smem_optin(self) -> u32 {
-        match self.0 {
-            90.. => 227 * 1024,
-            80 | 87 => 163 * 1024,
-            86 | 89 => 99 * 1024,
-            75 => 64 * 1024,
-            _ => 48 * 1024,
-        }
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sm_{}", self.0)
-    }
-}
-
-/// Parses `sm_90`, `90` or the arch-specific form `sm_90a`. The `a` form
-/// names the same target here: a family that needs arch-specific features
-/// (`gemm_wgmma`) always compiles for its `a` target, every other family
-/// for the plain one, so `sm_90a` and `sm_90` select the same compiles.
-/// Whether NVRTC can target it is `supported_archs`'s business.
-impl FromStr for Arch {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let digits = s.strip_prefix("sm_").unwrap_or(s);
-        let digits = digits
-            .strip_suffix('a')
-            .or_else(|| digits.strip_suffix('f'))
-            .unwrap_or(digits);
-        match digits.parse::<u32>() {
-            Ok(v) if (10..=999).contains(&v) => Ok(Arch(v)),
-            _ => Err(format!("'{s}' is not an SM architecture like sm_90")),
-        }
-    }
-}
 
 /// The SM architectures the loaded NVRTC can compile for, ascending.
 pub fn supported_archs() -> Result<Vec<Arch>, CompileError> {
@@ -126,18 +82,6 @@ pub fn parse_target_arch(s: &str) -> Result<Arch, String> {
         ));
     }
     Ok(a)
-}
-
-/// Resources of one kernel function of a compiled module.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FunctionResources {
-    pub name: String,
-    pub registers: u32,
-    /// Bytes of spill stores (local memory written because registers ran out).
-    pub spill_bytes: u32,
-    /// Stack frame bytes (local arrays plus spills).
-    pub stack_bytes: u32,
-    pub static_smem: u32,
 }
 
 /// Where a compiled variant's resource counts came from.
@@ -291,42 +235,64 @@ pub const BASE_OPTIONS: &[&str] = &[
     "--diag-suppress=177",
 ];
 
+/// What `compile` needs to know of a kernel source, for one define set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceSpec {
+    /// The family name (labels errors and the cache entry).
+    pub family: &'static str,
+    /// File under `kernels/cuda/`.
+    pub file: &'static str,
+    /// The macro names the source's `Defines:` header block declares.
+    pub declared: Vec<String>,
+    /// The architecture whose arch-specific target (`sm_XXa`) these defines
+    /// need, if any.
+    pub arch_specific: Option<Arch>,
+}
+
+/// A compilable kernel source: every `Family` is one (`kernel_family`
+/// implements this for them), so `compile` takes a family without this
+/// module depending on the family abstraction.
+pub trait CompileSource {
+    /// The source facts for the define set `d`.
+    fn source_spec(&self, d: &Defines) -> SourceSpec;
+}
+
 /// Compiles a family's source with `d` for `arch`, through the cache at
 /// `cache` when given. Undeclared defines are rejected before NVRTC runs.
-pub fn compile(
-    f: &dyn Family,
+pub fn compile<F: CompileSource + ?Sized>(
+    f: &F,
     d: &Defines,
     arch: Arch,
     cache: Option<&Path>,
 ) -> Result<CompiledVariant, CompileError> {
+    let spec = f.source_spec(d);
     let invalid = |reason: String| CompileError::Invalid {
-        family: f.name().to_string(),
+        family: spec.family.to_string(),
         defines: canonical(d),
         reason,
     };
-    let declared = f.declared_defines();
-    if let Some(k) = d.keys().find(|k| !declared.contains(k)) {
+    if let Some(k) = d.keys().find(|k| !spec.declared.contains(k)) {
         return Err(invalid(format!(
             "define {k} is not declared in {}'s Defines: block (declared: {})",
-            f.source_file(),
-            declared.join(", ")
+            spec.file,
+            spec.declared.join(", ")
         )));
     }
-    let text = source::resolve(f.source_file()).map_err(invalid)?;
+    let text = source::resolve(spec.file).map_err(invalid)?;
     let mut options: Vec<String> = BASE_OPTIONS.iter().map(|s| s.to_string()).collect();
-    let target = match f.arch_specific_for(d) {
+    let target = match spec.arch_specific {
         None => arch.to_string(),
         Some(a) if a == arch => format!("{arch}a"),
         Some(a) => {
             return Err(invalid(format!(
                 "{} uses {a}a-specific instructions and cannot be compiled for {arch}",
-                f.source_file()
+                spec.file
             )))
         }
     };
     options.push(format!("--gpu-architecture={target}"));
     options.extend(to_options(d).map_err(invalid)?);
-    compile_source(f.name(), f.source_file(), &text, d, &options, arch, cache)
+    compile_source(spec.family, spec.file, &text, d, &options, arch, cache)
 }
 
 /// Compiles already-resolved source text (used by `compile` and by internal

@@ -41,6 +41,7 @@
 //! | 0x05 | MAX_THREADS | `.nv.info.<k>` | 3 x u32: `__launch_bounds__` maximum block |
 //! | 0x10 | REQNTID | `.nv.info.<k>` | 3 x u32: required block shape |
 //! | 0x19 | CBANK_PARAM_SIZE | `.nv.info.<k>` | format 3: parameter bytes |
+//! | 0x17 | KPARAM_INFO | `.nv.info.<k>` | one record per parameter: u32 (0), u16 ordinal, u16 byte offset, u32 whose bits 18..32 are the size in bytes |
 //! | 0x1b | MAXREG_COUNT | `.nv.info.<k>` | format 3: the register cap ptxas worked under |
 //! | 0x4c | NUM_BARRIERS | `.nv.info.<k>` | format 2: named barriers used |
 //!
@@ -65,10 +66,10 @@
 //! Every offset and length is checked: malformed input yields a
 //! [`CubinError`], never a panic.
 
-use crate::compile::FunctionResources;
 use object::elf;
 use object::read::elf::{FileHeader, SectionHeader, Sym};
 use object::LittleEndian;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 type Header = elf::FileHeader64<LittleEndian>;
@@ -83,12 +84,25 @@ const STO_CUDA_ENTRY: u8 = 0x10;
 /// `.nv.shared.<name>` section (not part of ptxas's "bytes smem").
 const SM90_RESERVED_SMEM: u64 = 1024;
 
+/// Resources of one kernel function of a compiled module.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionResources {
+    pub name: String,
+    pub registers: u32,
+    /// Bytes of spill stores (local memory written because registers ran out).
+    pub spill_bytes: u32,
+    /// Stack frame bytes (local arrays plus spills).
+    pub stack_bytes: u32,
+    pub static_smem: u32,
+}
+
 /// `EIATTR_*` attribute ids this module interprets.
 pub mod attr {
     pub const MAX_THREADS: u8 = 0x05;
     pub const REQNTID: u8 = 0x10;
     pub const FRAME_SIZE: u8 = 0x11;
     pub const MIN_STACK_SIZE: u8 = 0x12;
+    pub const KPARAM_INFO: u8 = 0x17;
     pub const CBANK_PARAM_SIZE: u8 = 0x19;
     pub const MAXREG_COUNT: u8 = 0x1b;
     pub const MAX_STACK_SIZE: u8 = 0x23;
@@ -240,6 +254,26 @@ pub fn parse_nv_info(section: &str, bytes: &[u8]) -> Result<Vec<NvInfoRecord>, C
     Ok(out)
 }
 
+/// One kernel parameter as the cubin lays it out (EIATTR_KPARAM_INFO).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelParam {
+    /// Position in the kernel's signature, from 0.
+    pub ordinal: u32,
+    /// Byte offset in the parameter buffer.
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// A kernel's parameter buffer: what the bytes of a launch's packed
+/// arguments must match (`gpu::check_args`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParamLayout {
+    /// Bytes of the buffer (0 for a kernel without parameters).
+    pub bytes: u32,
+    /// `(offset, size)` of each parameter in declaration order.
+    pub params: Vec<(u32, u32)>,
+}
+
 /// What the cubin records about one kernel entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelInfo {
@@ -265,6 +299,9 @@ pub struct KernelInfo {
     pub shared_section_bytes: Option<u64>,
     /// Bytes of kernel parameters (EIATTR_CBANK_PARAM_SIZE).
     pub param_bytes: Option<u32>,
+    /// The parameters in declaration order (EIATTR_KPARAM_INFO); empty for
+    /// a kernel without parameters.
+    pub params: Vec<KernelParam>,
     /// `__launch_bounds__` maximum block (EIATTR_MAX_THREADS).
     pub max_threads: Option<[u32; 3]>,
     /// Required block shape (EIATTR_REQNTID).
@@ -278,6 +315,14 @@ pub struct KernelInfo {
 }
 
 impl KernelInfo {
+    /// The parameter buffer's layout.
+    pub fn param_layout(&self) -> ParamLayout {
+        ParamLayout {
+            bytes: self.param_bytes.unwrap_or(0),
+            params: self.params.iter().map(|p| (p.offset, p.size)).collect(),
+        }
+    }
+
     /// Local memory the cubin admits to: the largest of the kernel's frame,
     /// its recorded stack including callees, and its callees' frames. Zero
     /// means no spill is possible, except in recursive device functions,
@@ -449,6 +494,52 @@ impl<'a> Image<'a> {
     }
 }
 
+/// The parameters a kernel's own `.nv.info.<k>` records describe
+/// (EIATTR_KPARAM_INFO), in declaration order. Records of another length,
+/// ordinals that are not 0..n once each, or a layout whose end is not the
+/// recorded parameter size are errors: the format is not what this module
+/// knows, and a layout read wrong would pass wrong launches.
+fn kernel_params(
+    own: &[NvInfoRecord],
+    param_bytes: Option<u32>,
+) -> Result<Vec<KernelParam>, String> {
+    let mut params = Vec::new();
+    for r in own.iter().filter(|r| r.attr == attr::KPARAM_INFO) {
+        let Some([_, place, flags]) = r
+            .words()
+            .as_deref()
+            .and_then(|w| <[u32; 3]>::try_from(w).ok())
+        else {
+            return Err(format!(
+                "KPARAM_INFO at byte {} is not a 12-byte record",
+                r.offset
+            ));
+        };
+        params.push(KernelParam {
+            ordinal: place & 0xffff,
+            offset: place >> 16,
+            size: flags >> 18,
+        });
+    }
+    params.sort_by_key(|p| p.ordinal);
+    for (i, p) in params.iter().enumerate() {
+        if p.ordinal as usize != i {
+            return Err(format!(
+                "KPARAM_INFO ordinals are not 0..{}: {:?}",
+                params.len(),
+                params.iter().map(|p| p.ordinal).collect::<Vec<_>>()
+            ));
+        }
+    }
+    let end = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
+    if end != param_bytes.unwrap_or(0) {
+        return Err(format!(
+            "the parameters end at byte {end} but CBANK_PARAM_SIZE says {param_bytes:?}"
+        ));
+    }
+    Ok(params)
+}
+
 /// Names of the kernel entries, from the symbol table alone: no attribute
 /// has to be understood, so this works for any well-formed cubin.
 pub fn entry_names(data: &[u8]) -> Result<Vec<String>, CubinError> {
@@ -527,6 +618,7 @@ impl Cubin {
                 .unwrap_or(&[]);
             let last = |id: u8| own.iter().rev().find(|r| r.attr == id);
             let param_bytes = last(attr::CBANK_PARAM_SIZE).and_then(NvInfoRecord::scalar);
+            let params = kernel_params(own, param_bytes).map_err(bad)?;
             let max_threads = last(attr::MAX_THREADS).and_then(NvInfoRecord::triple);
             let required_threads = last(attr::REQNTID).and_then(NvInfoRecord::triple);
             let max_reg_count = last(attr::MAXREG_COUNT).and_then(NvInfoRecord::scalar);
@@ -575,6 +667,7 @@ impl Cubin {
                 static_smem,
                 shared_section_bytes,
                 param_bytes,
+                params,
                 max_threads,
                 required_threads,
                 max_reg_count,
@@ -746,13 +839,98 @@ extern "C" __global__ void k_plain(float* o, float a) { o[threadIdx.x] = a / (th
             assert!(k("k_spill").frame_bytes > 0);
             assert_eq!(k("k_spill").max_threads, Some([1024, 1, 1]));
             assert_eq!(k("k_spill").param_bytes, Some(16));
+            assert_eq!(
+                k("k_spill").param_layout(),
+                ParamLayout {
+                    bytes: 16,
+                    params: vec![(0, 8), (8, 8)]
+                }
+            );
+            // (int*, int*, int): the int at 16, no padding after it.
+            assert_eq!(
+                k("k_rec").param_layout(),
+                ParamLayout {
+                    bytes: 20,
+                    params: vec![(0, 8), (8, 8), (16, 4)]
+                }
+            );
             assert_eq!(k("k_static").barriers, Some(1));
             assert!(c.kernel("_Z6k_tmplILi4EEvPf").is_some(), "{c:?}");
             // A module with no shared memory at all.
             let p = Cubin::parse(&build(PLAIN, arch).cubin).unwrap();
             assert_eq!(p.kernels[0].shared_section_bytes, None);
             assert_eq!(p.kernels[0].static_smem, 0);
+            // (float*, float): 12 bytes.
+            assert_eq!(
+                p.kernels[0].param_layout(),
+                ParamLayout {
+                    bytes: 12,
+                    params: vec![(0, 8), (8, 4)]
+                }
+            );
         }
+    }
+
+    /// Parameters of every size and alignment, out-of-order records, and the
+    /// records a parse must refuse.
+    #[test]
+    fn kernel_params_are_read_in_declaration_order() {
+        let cv = build(
+            r#"
+struct S3 { int x, y, z; };
+extern "C" __global__ void k_mixed(int b, const double* a, S3 s, char c, unsigned long long u, float* o) {
+    o[threadIdx.x] = a[b] + s.x + c + (float)u;
+}
+extern "C" __global__ void k_none() {}
+"#,
+            Arch(90),
+        );
+        let c = Cubin::parse(&cv.cubin).unwrap();
+        let k = c.kernel("k_mixed").unwrap();
+        assert_eq!(
+            k.param_layout(),
+            ParamLayout {
+                bytes: 48,
+                params: vec![(0, 4), (8, 8), (16, 12), (28, 1), (32, 8), (40, 8)]
+            }
+        );
+        assert_eq!(
+            c.kernel("k_none").unwrap().param_layout(),
+            ParamLayout::default()
+        );
+
+        let rec = |ordinal: u32, offset: u32, size: u32| {
+            let mut payload = Vec::new();
+            payload.extend_from_slice(&0u32.to_le_bytes());
+            payload.extend_from_slice(&(ordinal | offset << 16).to_le_bytes());
+            payload.extend_from_slice(&(0x1f000 | size << 18).to_le_bytes());
+            NvInfoRecord {
+                offset: 0,
+                attr: attr::KPARAM_INFO,
+                value: NvInfoValue::Sized(payload),
+            }
+        };
+        let ok = kernel_params(&[rec(1, 8, 4), rec(0, 0, 8)], Some(12)).unwrap();
+        assert_eq!(
+            ok.iter()
+                .map(|p| (p.ordinal, p.offset, p.size))
+                .collect::<Vec<_>>(),
+            vec![(0, 0, 8), (1, 8, 4)]
+        );
+        assert!(kernel_params(&[rec(0, 0, 8), rec(2, 8, 4)], Some(12))
+            .unwrap_err()
+            .contains("ordinals"));
+        assert!(kernel_params(&[rec(0, 0, 8), rec(1, 8, 4)], Some(16))
+            .unwrap_err()
+            .contains("CBANK_PARAM_SIZE"));
+        let short = NvInfoRecord {
+            offset: 4,
+            attr: attr::KPARAM_INFO,
+            value: NvInfoValue::Sized(vec![0; 8]),
+        };
+        assert!(kernel_params(&[short], Some(8))
+            .unwrap_err()
+            .contains("12-byte"));
     }
 
     /// File ranges (offset, size) of the sections a parse reads most:

@@ -119,6 +119,24 @@ pub fn get_str(d: &Defines, name: &str) -> Result<String, String> {
     }
 }
 
+/// The integer define `name`, which must be one of `allowed`.
+pub(crate) fn int_in(d: &Defines, name: &str, allowed: &[i64]) -> Result<i64, String> {
+    let v = get_int(d, name)?;
+    if !allowed.contains(&v) {
+        return Err(format!("{name}={v} is not one of {allowed:?}"));
+    }
+    Ok(v)
+}
+
+/// The integer define `name`, which must lie in `lo..=hi`.
+pub(crate) fn int_range(d: &Defines, name: &str, lo: i64, hi: i64) -> Result<i64, String> {
+    let v = get_int(d, name)?;
+    if v < lo || v > hi {
+        return Err(format!("{name}={v} is outside {lo}..={hi}"));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

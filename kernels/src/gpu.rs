@@ -5,8 +5,9 @@
 //! A missing driver or GPU is the typed error `GpuError::NoGpu`
 //! ("no CUDA GPU: ..."), never a panic.
 
-use crate::compile::{Arch, CompiledVariant};
-use crate::family::{DeviceLimits, LaunchGeometry};
+use crate::compile::CompiledVariant;
+use crate::cubin::{Cubin, ParamLayout};
+use crate::device::{Arch, DeviceLimits, LaunchGeometry};
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,6 +26,10 @@ pub enum GpuError {
     /// The variant was rejected by `validate` for this problem.
     #[error("{0}")]
     Rejected(String),
+    /// A launch's arguments do not pack to the kernel's parameter buffer
+    /// (`check_args`; checked in debug builds).
+    #[error("kernel {kernel}: the launch arguments do not match its parameters: {reason}")]
+    Args { kernel: String, reason: String },
     #[error("{0}")]
     Other(String),
 }
@@ -207,8 +212,20 @@ impl Gpu {
             ctx: self.ctx.clone(),
             module,
             functions: BTreeMap::new(),
+            params: BTreeMap::new(),
             attribute_notes: Vec::new(),
         };
+        match Cubin::parse(&cv.cubin) {
+            Ok(c) => {
+                for k in &c.kernels {
+                    m.params.insert(k.name.clone(), k.param_layout());
+                }
+            }
+            Err(e) => m.attribute_notes.push(format!(
+                "{}: cubin attributes unreadable ({e}); launch arguments go unchecked",
+                cv.family
+            )),
+        }
         let max_dyn = self.info.smem_optin_per_block as i32;
         let names = match crate::cubin::entry_names(&cv.cubin) {
             Ok(n) => n,
@@ -292,7 +309,7 @@ impl Gpu {
         &self,
         dst: &DeviceBuffer,
         offset: usize,
-        data: &crate::runtime::PinnedBuf<T>,
+        data: &PinnedBuf<T>,
         from: usize,
         len: usize,
     ) -> Result<(), GpuError> {
@@ -348,7 +365,7 @@ impl Gpu {
         &self,
         src: &DeviceBuffer,
         offset: usize,
-        dst: &mut crate::runtime::PinnedBuf<T>,
+        dst: &mut PinnedBuf<T>,
         len: usize,
     ) -> Result<(), GpuError> {
         let n = len * std::mem::size_of::<T>();
@@ -464,8 +481,13 @@ impl Gpu {
     }
 
     /// Enqueues one launch of `geo.kernel` from `m` with the given arguments.
+    /// In debug builds, arguments that do not pack to the kernel's
+    /// parameter buffer are refused (`GpuError::Args`) before anything is
+    /// enqueued.
     pub fn launch(&self, m: &Module, geo: &LaunchGeometry, args: &[KArg]) -> Result<(), GpuError> {
         let f = m.function(&geo.kernel)?;
+        #[cfg(debug_assertions)]
+        m.check_args(&geo.kernel, args)?;
         self.launch_function(f, geo, args)
     }
 
@@ -483,7 +505,8 @@ impl Gpu {
     /// dependent of the launch before it on the stream (PDL, sm_90 and
     /// later): it may be scheduled while that grid drains, so the kernel must
     /// wait for it (`griddepcontrol.wait`) before it reads what that grid
-    /// wrote. Elsewhere a plain launch (stream order).
+    /// wrote. Elsewhere a plain launch (stream order). Arguments are checked
+    /// as by `launch`.
     pub fn launch_dependent(
         &self,
         m: &Module,
@@ -491,6 +514,8 @@ impl Gpu {
         args: &[KArg],
     ) -> Result<(), GpuError> {
         let f = m.function(&geo.kernel)?;
+        #[cfg(debug_assertions)]
+        m.check_args(&geo.kernel, args)?;
         self.launch_function_dependent(f, geo, args)
     }
 
@@ -616,6 +641,63 @@ impl Gpu {
     }
 }
 
+/// Page-locked host memory of `len` elements of `T`, the source and
+/// destination of asynchronous copies (pageable memory would make the driver
+/// stage, and sometimes synchronize, every copy).
+pub struct PinnedBuf<T: Copy> {
+    ctx: Arc<CudaContext>,
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this handle; it has no
+// thread affinity, and the handle gives out references only through &self /
+// &mut self.
+unsafe impl<T: Copy + Send> Send for PinnedBuf<T> {}
+
+impl<T: Copy + Default> PinnedBuf<T> {
+    /// `len` elements, each `T::default()`.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<PinnedBuf<T>, GpuError> {
+        let ctx = gpu.context();
+        drv("cuCtxSetCurrent", ctx.bind_to_thread())?;
+        let bytes = (len.max(1)) * std::mem::size_of::<T>();
+        // SAFETY: a plain page-locked allocation of `bytes`; freed once in Drop.
+        let raw = drv("cuMemHostAlloc", unsafe { result::malloc_host(bytes, 0) })?;
+        let ptr = raw as *mut T;
+        for i in 0..len.max(1) {
+            // SAFETY: `ptr` holds len.max(1) elements; each is written once
+            // before any read.
+            unsafe { ptr.add(i).write(T::default()) };
+        }
+        Ok(PinnedBuf { ctx, ptr, len })
+    }
+}
+
+impl<T: Copy> PinnedBuf<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised elements owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, and &mut self makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> Drop for PinnedBuf<T> {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once here.
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
+}
+
 /// A kernel argument (passed by value).
 #[derive(Clone, Copy, Debug)]
 pub enum KArg {
@@ -625,11 +707,81 @@ pub enum KArg {
     U64(u64),
 }
 
+impl KArg {
+    /// Size and alignment in bytes of the parameter it passes (the C types
+    /// of the `extern "C"` signatures: a pointer or 64-bit integer, an
+    /// `int` or `float`).
+    pub fn size_align(&self) -> (u32, u32) {
+        match self {
+            KArg::Ptr(_) | KArg::U64(_) => (8, 8),
+            KArg::I32(_) | KArg::F32(_) => (4, 4),
+        }
+    }
+}
+
+/// `(offset, size)` of each argument packed as the compiler lays out a
+/// kernel's parameters: each at the next offset its alignment allows.
+fn packed(args: &[KArg]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    args.iter().scan(0u32, |end, a| {
+        let (size, align) = a.size_align();
+        let offset = end.next_multiple_of(align);
+        *end = offset + size;
+        Some((offset, size))
+    })
+}
+
+/// The parameter buffer `args` pack to (`packed`), ending at the last
+/// argument's end.
+pub fn packed_layout(args: &[KArg]) -> ParamLayout {
+    let params: Vec<(u32, u32)> = packed(args).collect();
+    let bytes = params.last().map_or(0, |(o, s)| o + s);
+    ParamLayout { bytes, params }
+}
+
+/// Checks that `args` pack to kernel `kernel`'s parameter buffer `want`
+/// (from its cubin): the same bytes and, where the cubin lists its
+/// parameters, the same count, offsets and sizes. A mismatch is a
+/// calling-convention drift between a `bind` argument list and the
+/// kernel's signature.
+pub fn check_args(kernel: &str, want: &ParamLayout, args: &[KArg]) -> Result<(), GpuError> {
+    // The common case, without allocating: every argument where the cubin
+    // has its parameter.
+    let mut end = 0u32;
+    let mut same = want.params.is_empty() || want.params.len() == args.len();
+    for (i, (offset, size)) in packed(args).enumerate() {
+        end = offset + size;
+        if let Some(&p) = want.params.get(i) {
+            same &= p == (offset, size);
+        }
+    }
+    if same && end == want.bytes {
+        return Ok(());
+    }
+    let got = packed_layout(args);
+    let describe = |l: &ParamLayout| {
+        let p: Vec<String> = l.params.iter().map(|(o, s)| format!("{s}@{o}")).collect();
+        format!("{} bytes [{}]", l.bytes, p.join(", "))
+    };
+    Err(GpuError::Args {
+        kernel: kernel.to_string(),
+        reason: format!(
+            "{} arguments pack to {}, the cubin's {} parameters take {} (size@offset)",
+            args.len(),
+            describe(&got),
+            want.params.len(),
+            describe(want)
+        ),
+    })
+}
+
 /// A loaded cubin and its functions.
 pub struct Module {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
     functions: BTreeMap<String, sys::CUfunction>,
+    /// Each entry's parameter buffer, from the cubin (empty if it could not
+    /// be read; a note says so).
+    params: BTreeMap<String, ParamLayout>,
     /// Differences between the compile-time and the driver's resource
     /// counts, and anything else `Gpu::load` could not take at face value.
     pub attribute_notes: Vec<String>,
@@ -654,6 +806,18 @@ impl Module {
     }
     pub fn function_names(&self) -> Vec<String> {
         self.functions.keys().cloned().collect()
+    }
+    /// The parameter buffer of entry `name`, as its cubin lays it out.
+    pub fn param_layout(&self, name: &str) -> Option<&ParamLayout> {
+        self.params.get(name)
+    }
+    /// `check_args` against entry `name`'s parameters; nothing to check
+    /// (Ok) when the cubin's layout could not be read.
+    pub fn check_args(&self, name: &str, args: &[KArg]) -> Result<(), GpuError> {
+        match self.params.get(name) {
+            Some(l) => check_args(name, l, args),
+            None => Ok(()),
+        }
     }
 }
 
@@ -722,5 +886,35 @@ impl Drop for Event {
         let _ = self.ctx.bind_to_thread();
         // SAFETY: created in Gpu::event, destroyed once.
         let _ = unsafe { result::event::destroy(self.ev) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packing the compiler uses (checked against a cubin in
+    /// cubin::tests): each argument at its own alignment, no tail padding.
+    #[test]
+    fn arguments_pack_at_their_alignment() {
+        let args = [
+            KArg::Ptr(0),
+            KArg::I32(1),
+            KArg::F32(2.0),
+            KArg::U64(3),
+            KArg::I32(4),
+            KArg::Ptr(5),
+            KArg::I32(6),
+        ];
+        let l = packed_layout(&args);
+        assert_eq!(
+            l.params,
+            vec![(0, 8), (8, 4), (12, 4), (16, 8), (24, 4), (32, 8), (40, 4)]
+        );
+        assert_eq!(l.bytes, 44);
+        assert_eq!(packed_layout(&[]), ParamLayout::default());
+        check_args("k", &l, &args).expect("its own layout");
+        let e = check_args("k", &l, &args[..6]).unwrap_err().to_string();
+        assert!(e.starts_with("kernel k: "), "{e}");
     }
 }

@@ -6,7 +6,11 @@
 //! - `source`, `defines`, `compile`: embedded `.cu` sources, NVRTC options,
 //!   cubin compilation with an on-disk cache and ptxas resource counts;
 //!   `pool`: many compiles at once on worker threads.
-//! - `family`, `families`: per-family validation, geometry and workloads.
+//! - `problem`, `device`, `verdict`: problem shapes, the device a variant
+//!   targets (arch, limits, launch geometry), and how outputs are judged.
+//! - `kernel_family`, `families`, `family`: the family abstraction, the
+//!   families (validation, geometry, workloads) and their registry.
+//! - `bind`: the calling convention of every family.
 //! - `gpu`, `check`, `timing`: the device wrapper, correctness checks,
 //!   event timing in two cache regimes and bandwidth ceilings.
 //! - `reference`: vendor-library (cuBLAS) reference rows, checked and timed
@@ -22,16 +26,20 @@ pub mod clocks;
 pub mod compile;
 pub mod cubin;
 pub mod defines;
+pub mod device;
 pub mod families;
 pub mod family;
 pub mod gpu;
+pub mod kernel_family;
 pub mod oracle;
 pub mod pool;
+pub mod problem;
 pub mod quant;
 pub mod reference;
 pub mod runtime;
 pub mod source;
 pub mod timing;
+pub mod verdict;
 pub mod workload;
 
 pub use check::{check_variant, compare, CheckReport, Tolerance};

@@ -7,70 +7,16 @@
 //! kernel the engine launches is the cubin the harness measured.
 
 use crate::compile::{compile, CompiledVariant};
+use crate::cubin::ParamLayout;
 use crate::defines::{canonical, Defines};
-use crate::family::{Family, LaunchGeometry};
+use crate::device::{LaunchGeometry, LaunchSequence};
+pub use crate::gpu::PinnedBuf;
 use crate::gpu::{drv, Gpu, GpuError, KArg, Module};
-use cudarc::driver::{result, sys, CudaContext, CudaGraph};
+use crate::kernel_family::Family;
+use cudarc::driver::{sys, CudaGraph};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-
-/// Page-locked host memory of `len` elements of `T`, the source and
-/// destination of asynchronous copies (pageable memory would make the driver
-/// stage, and sometimes synchronize, every copy).
-pub struct PinnedBuf<T: Copy> {
-    ctx: Arc<CudaContext>,
-    ptr: *mut T,
-    len: usize,
-}
-
-// SAFETY: the buffer is plain host memory owned by this handle; it has no
-// thread affinity, and the handle gives out references only through &self /
-// &mut self.
-unsafe impl<T: Copy + Send> Send for PinnedBuf<T> {}
-
-impl<T: Copy + Default> PinnedBuf<T> {
-    /// `len` elements, each `T::default()`.
-    pub fn new(gpu: &Gpu, len: usize) -> Result<PinnedBuf<T>, GpuError> {
-        let ctx = gpu.context();
-        drv("cuCtxSetCurrent", ctx.bind_to_thread())?;
-        let bytes = (len.max(1)) * std::mem::size_of::<T>();
-        // SAFETY: a plain page-locked allocation of `bytes`; freed once in Drop.
-        let raw = drv("cuMemHostAlloc", unsafe { result::malloc_host(bytes, 0) })?;
-        let ptr = raw as *mut T;
-        for i in 0..len.max(1) {
-            // SAFETY: `ptr` holds len.max(1) elements; each is written once
-            // before any read.
-            unsafe { ptr.add(i).write(T::default()) };
-        }
-        Ok(PinnedBuf { ctx, ptr, len })
-    }
-}
-
-impl<T: Copy> PinnedBuf<T> {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    pub fn as_slice(&self) -> &[T] {
-        // SAFETY: `ptr` holds `len` initialised elements owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as above, and &mut self makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl<T: Copy> Drop for PinnedBuf<T> {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once here.
-        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
-    }
-}
 
 /// A kernel entry resolved once: launching it formats no string and looks
 /// nothing up. `geo` is the geometry `Family::validate` gave for the problem
@@ -83,6 +29,11 @@ pub struct Kernel {
     pub geo: LaunchGeometry,
     /// `family/defines` (what `run -v` and the phase table print).
     pub label: String,
+    /// How the family enqueues this kernel (`Family::launch_sequence`).
+    sequence: LaunchSequence,
+    /// The entry's parameter buffer from the cubin (None if unreadable):
+    /// debug builds check every launch's arguments against it.
+    params: Option<ParamLayout>,
 }
 
 // SAFETY: a CUfunction is a handle into a module the Arc keeps loaded; the
@@ -92,14 +43,34 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 impl Kernel {
-    /// Enqueues one launch with the planned geometry.
+    /// Enqueues one launch with the planned geometry. In debug builds,
+    /// arguments that do not pack to the kernel's parameter buffer are
+    /// refused (`GpuError::Args`, naming the kernel) before anything is
+    /// enqueued; so are they by `launch_dependent` and `launch_grid`.
     pub fn launch(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
+        self.check_args(args)?;
         gpu.launch_function(self.func, &self.geo, args)
     }
     /// Enqueues one launch as a programmatic dependent of the launch before
     /// it (`Gpu::launch_dependent`): the kernel waits for that grid itself.
     pub fn launch_dependent(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
+        self.check_args(args)?;
         gpu.launch_function_dependent(self.func, &self.geo, args)
+    }
+    /// The entry's parameter buffer, as its cubin lays it out.
+    pub fn param_layout(&self) -> Option<&ParamLayout> {
+        self.params.as_ref()
+    }
+    #[cfg(debug_assertions)]
+    fn check_args(&self, args: &[KArg]) -> Result<(), GpuError> {
+        match &self.params {
+            Some(l) => crate::gpu::check_args(&self.geo.kernel, l, args),
+            None => Ok(()),
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    fn check_args(&self, _args: &[KArg]) -> Result<(), GpuError> {
+        Ok(())
     }
     /// Enqueues one launch with `grid` in place of the planned grid.
     pub fn launch_grid(
@@ -108,6 +79,7 @@ impl Kernel {
         grid: (u32, u32, u32),
         args: &[KArg],
     ) -> Result<(), GpuError> {
+        self.check_args(args)?;
         let geo = LaunchGeometry {
             grid,
             ..self.geo.clone()
@@ -117,15 +89,18 @@ impl Kernel {
     /// The same function with another geometry (a prefill chunk's grid).
     pub fn with_geometry(&self, geo: LaunchGeometry) -> Kernel {
         Kernel {
-            module: self.module.clone(),
-            func: self.func,
             geo,
-            label: self.label.clone(),
+            ..self.clone()
         }
     }
     /// The loaded module (other entries of the same cubin, e.g. a pre-pass).
     pub fn module(&self) -> &Arc<Module> {
         &self.module
+    }
+    /// How the kernel's family enqueues it (what `bind`'s launch functions
+    /// follow); `Single` for a sibling.
+    pub fn sequence(&self) -> LaunchSequence {
+        self.sequence
     }
     /// Whether the module has an entry `name`.
     pub fn has_sibling(&self, name: &str) -> bool {
@@ -138,7 +113,9 @@ impl Kernel {
             module: self.module.clone(),
             func,
             label: format!("{} [{}]", self.label, geo.kernel),
+            params: self.module.param_layout(&geo.kernel).cloned(),
             geo,
+            sequence: LaunchSequence::Single,
         })
     }
 }
@@ -233,13 +210,18 @@ impl KernelCache {
         defines: &Defines,
         geo: LaunchGeometry,
     ) -> Result<Kernel, GpuError> {
+        let sequence = family
+            .launch_sequence(defines)
+            .map_err(|r| GpuError::Rejected(format!("{}: {r}", family.name())))?;
         let module = self.module(gpu, family, defines)?;
         let func = module.function(&geo.kernel)?;
         Ok(Kernel {
+            params: module.param_layout(&geo.kernel).cloned(),
             module,
             func,
             label: format!("{}/{}", family.name(), canonical(defines)),
             geo,
+            sequence,
         })
     }
 

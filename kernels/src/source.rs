@@ -16,6 +16,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("stage_copy.cuh", include_str!("../cuda/stage_copy.cuh")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),
     ("dq_convert.cuh", include_str!("../cuda/dq_convert.cuh")),
+    ("wgmma.cuh", include_str!("../cuda/wgmma.cuh")),
     ("gemm_dq.cu", include_str!("../cuda/gemm_dq.cu")),
     ("gemm_wgmma.cu", include_str!("../cuda/gemm_wgmma.cu")),
     ("stream.cu", include_str!("../cuda/stream.cu")),

@@ -7,8 +7,10 @@
 
 use crate::compile::{compile_source, default_cache_dir, CompiledVariant};
 use crate::defines::{DefineValue, Defines};
-use crate::family::{Family, LaunchGeometry, Problem};
+use crate::device::LaunchGeometry;
 use crate::gpu::{Gpu, GpuError, KArg, Module};
+use crate::kernel_family::Family;
+use crate::problem::Problem;
 use crate::workload::{OpKind, Workload};
 use serde::{Deserialize, Serialize};
 

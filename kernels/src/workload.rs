@@ -2,9 +2,8 @@
 //! the CPU reference and the launch sequence, shared by `check_variant` and
 //! `time_variant`.
 
-use crate::check::{CheckReport, Tolerance, POISON_BITS};
-use crate::family::Contract;
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, Module};
+use crate::verdict::{CheckReport, Contract, Tolerance, POISON_BITS};
 use serde::{Deserialize, Serialize};
 
 /// What the ops count of a call measures.

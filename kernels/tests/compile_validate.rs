@@ -173,3 +173,36 @@ fn missing_gpu_is_a_typed_error() {
         Err(e) => assert!(e.to_string().starts_with("no CUDA GPU: "), "{e}"),
     }
 }
+
+/// Launch decisions come from the family (`Family::launch_sequence`), not
+/// from a name: decode attention is a programmatic dependent with the
+/// combine after every tensor-core ALGO, every other family (prefill
+/// attention included) one plain launch.
+#[test]
+fn launch_sequences_come_from_the_family() {
+    use gemtune_kernels::family::{families, LaunchSequence};
+    for f in families() {
+        for wt in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            let seq = f.launch_sequence(&f.default_defines(wt)).unwrap();
+            let want = if f.name() == "attn_decode" {
+                LaunchSequence::Decode { combine: true }
+            } else {
+                LaunchSequence::Single
+            };
+            assert_eq!(seq, want, "{} {}", f.name(), wt.name());
+        }
+    }
+    let dec = family("attn_decode").unwrap();
+    for (algo, combine) in [(0, false), (1, true), (2, true), (3, true)] {
+        let mut d = dec.default_defines(GgmlType::Q8_0);
+        set(&mut d, "ALGO", algo);
+        assert_eq!(
+            dec.launch_sequence(&d).unwrap(),
+            LaunchSequence::Decode { combine },
+            "ALGO={algo}"
+        );
+    }
+    let mut d = dec.default_defines(GgmlType::Q8_0);
+    d.remove("ALGO");
+    assert!(dec.launch_sequence(&d).unwrap_err().contains("ALGO"));
+}

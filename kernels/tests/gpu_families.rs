@@ -468,3 +468,54 @@ fn p_m(p: &Problem) -> (usize, usize, usize) {
 fn p_wt(p: &Problem) -> String {
     p.columns().3
 }
+
+/// In debug builds (the test profile) a launch whose arguments do not pack
+/// to the kernel's parameter buffer is refused before it is enqueued, by
+/// `Gpu::launch` and by a resolved `runtime::Kernel`, with the kernel named;
+/// the right list still launches.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn debug_launches_refuse_wrong_argument_lists() {
+    use gemtune_kernels::bind::rows::SoftcapArgs;
+    use gemtune_kernels::family::RowsProblem;
+    use gemtune_kernels::gpu::{GpuError, KArg};
+    use gemtune_kernels::runtime::KernelCache;
+    if !cfg!(debug_assertions) {
+        panic!("the argument check exists in debug builds only: run this test without --release");
+    }
+    let g = gpu();
+    let f = family("softcap").unwrap();
+    let d = f.default_defines(GgmlType::F32);
+    let p = Problem::Rows(RowsProblem {
+        rows: 4,
+        width: 256,
+        dtype: GgmlType::F32,
+        aux: 0,
+    });
+    let geo = f.validate(&d, &p, &g.limits()).expect("softcap geometry");
+    let x = g.upload(&vec![0.5f32; 4 * 256]).unwrap();
+    let right = SoftcapArgs {
+        x: x.ptr(),
+        rows: 4,
+        width: 256,
+        cap: 30.0,
+    }
+    .kargs();
+    let mut wrong = right.clone();
+    wrong[1] = KArg::U64(4);
+    let module = g.load(&build(&g, f, &d)).unwrap();
+    g.launch(&module, &geo, &right)
+        .expect("the right list launches");
+    match g.launch(&module, &geo, &wrong) {
+        Err(GpuError::Args { kernel, .. }) => assert_eq!(kernel, geo.kernel),
+        other => panic!("Gpu::launch took a wrong list: {other:?}"),
+    }
+    let cache = KernelCache::new(default_cache_dir());
+    let k = cache.kernel(&g, f, &d, geo.clone()).unwrap();
+    k.launch(&g, &right).expect("the right list launches");
+    match k.launch(&g, &wrong[..3]) {
+        Err(GpuError::Args { kernel, .. }) => assert_eq!(kernel, geo.kernel),
+        other => panic!("Kernel::launch took a wrong list: {other:?}"),
+    }
+    g.synchronize().unwrap();
+}

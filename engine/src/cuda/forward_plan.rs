@@ -342,9 +342,6 @@ impl MatmulPlan {
 pub struct AttnPlan {
     pub launch: LaunchId,
     pub kind: AttnKind,
-    /// A decode launch: a programmatic dependent of the launch before it,
-    /// followed by the combine of its splits when its module has one.
-    pub decode: bool,
     /// The attention reads Q in the cache type, so `qk_norm_rope` writes
     /// it so (`Q16 = 1`).
     pub q16: bool,
@@ -729,7 +726,6 @@ impl Builder<'_> {
         Ok(AttnPlan {
             launch,
             kind,
-            decode: slot.is_decode_attention(),
             q16,
             out,
         })
@@ -984,11 +980,10 @@ impl ForwardPlan {
             let k = cache
                 .kernel(gpu, l.res.family, &l.res.defines, l.res.geo.clone())
                 .map_err(gpu_err)?;
-            let c = match (l.slot.is_decode_attention(), l.problem) {
-                (true, Problem::Attention(a)) if k.has_sibling("attn_combine") => Some(
-                    k.sibling(gemtune_kernels::families::attention::combine_geometry(&a))
-                        .map_err(gpu_err)?,
-                ),
+            let c = match l.problem {
+                Problem::Attention(a) => {
+                    gemtune_kernels::bind::attention::combine_kernel(&k, &a).map_err(gpu_err)?
+                }
                 _ => None,
             };
             kernels.push(k);

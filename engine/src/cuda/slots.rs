@@ -207,12 +207,6 @@ impl Slot {
         let n = self.name();
         n.split('.').next().unwrap_or(n)
     }
-
-    /// A decode attention slot (its launch is a programmatic dependent of
-    /// the launch before it, with a combine of its splits after it).
-    pub fn is_decode_attention(self) -> bool {
-        matches!(self, Slot::AttnDecode(_))
-    }
 }
 
 impl std::fmt::Display for Slot {

@@ -403,7 +403,6 @@ impl CudaEngine<'_> {
         };
         battn::launch_planned(
             &k[ap.launch],
-            ap.decode,
             self.kernels.combine[ap.launch].as_ref(),
             &self.gpu,
             &args,

@@ -9,8 +9,9 @@
 //! which `attn_combine(scratch, out, n_q, n_heads, splits)` then merges.
 
 use super::{i32_arg, ptr, DevPtr};
-use crate::family::{AttnProblem, LaunchGeometry};
+use crate::device::{LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError, KArg};
+use crate::problem::AttnProblem;
 use crate::runtime::Kernel;
 
 /// Most KV splits a decode launch uses (grid.z); ATTN_MAX_SPLITS of
@@ -75,42 +76,61 @@ pub fn decode_scratch_bytes(p: &AttnProblem) -> usize {
     MAX_SPLITS * p.n_q * p.n_heads * (p.head_dim + 2) * 4
 }
 
-/// Launches a planned attention kernel. Prefill: one plain launch. Decode:
-/// the kernel is a programmatic dependent of the launch before it (on
-/// sm_90 it starts while that grid drains, copies the cache's older keys,
-/// and waits for that grid before it reads Q or the step's new keys;
-/// kernels/cuda/attn_split.cuh), and after a tensor-core decode launch the
-/// combine of its splits follows as a programmatic dependent too (resident
-/// while the splits stream; it reads their partials once
-/// `griddepcontrol.wait` says they are complete).
-pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
-    let decode = k.geo.kernel == "attn_decode";
-    let combine = if decode && k.has_sibling("attn_combine") {
-        let geo: LaunchGeometry = crate::families::attention::combine_geometry(p);
-        Some(k.sibling(geo)?)
-    } else {
-        None
-    };
-    launch_planned(k, decode, combine.as_ref(), gpu, a)
+/// The combine launch of the decode kernel: one block per (token, head) row
+/// and 64 head dims (attn_decode.cu).
+pub fn combine_geometry(a: &AttnProblem) -> LaunchGeometry {
+    LaunchGeometry {
+        kernel: "attn_combine".into(),
+        grid: (
+            (a.n_q * a.n_heads) as u32,
+            a.head_dim.div_ceil(64) as u32,
+            1,
+        ),
+        block: (256, 1, 1),
+        dyn_smem: 0,
+    }
 }
 
-/// `launch` with the decision already made (the engine's forward plan):
-/// `decode` says whether `k` is a decode launch, and `combine` is the
-/// resolved combine of its splits, if its module has one.
+/// Launches a planned attention kernel as its family's `LaunchSequence`
+/// says (`Kernel::sequence`, fixed when the kernel was resolved). `Single`
+/// (prefill): one plain launch. `Decode`: the kernel is a programmatic
+/// dependent of the launch before it (on sm_90 it starts while that grid
+/// drains, copies the cache's older keys, and waits for that grid before it
+/// reads Q or the step's new keys; kernels/cuda/attn_split.cuh), and with
+/// `combine` (every tensor-core decode) the combine of its splits follows
+/// as a programmatic dependent too (resident while the splits stream; it
+/// reads their partials once `griddepcontrol.wait` says they are
+/// complete).
+pub fn launch(k: &Kernel, gpu: &Gpu, p: &AttnProblem, a: &AttnArgs) -> Result<(), GpuError> {
+    let combine = combine_kernel(k, p)?;
+    launch_planned(k, combine.as_ref(), gpu, a)
+}
+
+/// The combine entry a decode kernel's sequence asks for, with its geometry
+/// for `p` (None for a sequence without one).
+pub fn combine_kernel(k: &Kernel, p: &AttnProblem) -> Result<Option<Kernel>, GpuError> {
+    match k.sequence() {
+        LaunchSequence::Decode { combine: true } => Ok(Some(k.sibling(combine_geometry(p))?)),
+        _ => Ok(None),
+    }
+}
+
+/// `launch` with the combine already resolved (`combine_kernel`, once at
+/// load: the engine's forward plan).
 pub fn launch_planned(
     k: &Kernel,
-    decode: bool,
     combine: Option<&Kernel>,
     gpu: &Gpu,
     a: &AttnArgs,
 ) -> Result<(), GpuError> {
-    if decode {
-        k.launch_dependent(gpu, &a.kargs())?;
-    } else {
-        k.launch(gpu, &a.kargs())?;
+    match k.sequence() {
+        LaunchSequence::Single => k.launch(gpu, &a.kargs()),
+        LaunchSequence::Decode { .. } => {
+            k.launch_dependent(gpu, &a.kargs())?;
+            if let Some(c) = combine {
+                c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
+            }
+            Ok(())
+        }
     }
-    if let (true, Some(c)) = (decode, combine) {
-        c.launch_dependent(gpu, &combine_kargs(a, k.geo.grid.2.max(1) as usize))?;
-    }
-    Ok(())
 }

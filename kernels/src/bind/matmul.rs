@@ -79,6 +79,24 @@ pub enum Prepass {
     DqConvert,
 }
 
+impl Prepass {
+    /// The pre-pass parameters turning f32 `x` (`[m][k]`, contiguous) into
+    /// `out`; `None` when there is no pre-pass.
+    /// `quantize_q8_1(x, q, ds, m*k)`, `gemm_dq_convert(x, xh, m*k/2)`.
+    pub fn kargs(self, x: DevPtr, out: &Act, m: usize, k: usize) -> Option<Vec<KArg>> {
+        match self {
+            Prepass::None => None,
+            Prepass::QuantizeQ8_1 => Some(vec![
+                ptr(x),
+                ptr(out.data),
+                ptr(out.scales),
+                KArg::U64((m * k) as u64),
+            ]),
+            Prepass::DqConvert => Some(vec![ptr(x), ptr(out.data), KArg::U64((m * k / 2) as u64)]),
+        }
+    }
+}
+
 /// One matmul variant's calling convention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulBinding {
@@ -230,22 +248,13 @@ impl MatmulBinding {
     /// The pre-pass parameters turning f32 `x` (`[m][k]`, contiguous) into
     /// `out` (this binding's format); `None` when there is no pre-pass.
     pub fn prepass_kargs(&self, x: DevPtr, out: &Act, m: usize, k: usize) -> Option<Vec<KArg>> {
-        match self.prepass {
-            Prepass::None => None,
-            Prepass::QuantizeQ8_1 => Some(vec![
-                ptr(x),
-                ptr(out.data),
-                ptr(out.scales),
-                KArg::U64((m * k) as u64),
-            ]),
-            Prepass::DqConvert => Some(vec![ptr(x), ptr(out.data), KArg::U64((m * k / 2) as u64)]),
-        }
+        self.prepass.kargs(x, out, m, k)
     }
 
     /// Geometry of the `gemm_dq_convert` pre-pass for `m*k` values.
-    pub fn dq_convert_geometry(m: usize, k: usize) -> crate::family::LaunchGeometry {
+    pub fn dq_convert_geometry(m: usize, k: usize) -> crate::device::LaunchGeometry {
         let pairs = (m * k / 2) as u64;
-        crate::family::LaunchGeometry {
+        crate::device::LaunchGeometry {
             kernel: "gemm_dq_convert".into(),
             grid: (pairs.div_ceil(256) as u32, 1, 1),
             block: (256, 1, 1),
@@ -255,7 +264,7 @@ impl MatmulBinding {
 
     /// Bytes of the device copy of an `[n][k]` weight in this layout
     /// (quant plane or blocks, then scales).
-    pub fn weight_bytes(&self, wt: crate::family::WType, n: usize, k: usize) -> (usize, usize) {
+    pub fn weight_bytes(&self, wt: crate::problem::WType, n: usize, k: usize) -> (usize, usize) {
         let nb = n * k / 32;
         match self.layout {
             WeightLayout::GgufBlocks => (n * wt.row_bytes(k), 0),
@@ -274,7 +283,8 @@ impl MatmulBinding {
 mod tests {
     use super::*;
     use crate::defines::defines;
-    use crate::family::{family, WType};
+    use crate::family::family;
+    use crate::problem::WType;
     use crate::quant::GgmlType;
 
     #[test]

@@ -1,5 +1,6 @@
 //! Calling convention of the row-wise families (`rmsnorm`, `qk_norm_rope`,
-//! `gelu_mul`, `embed`, `ple`, `softcap`): see `docs/calling-convention.md`.
+//! `gelu_mul`, `embed`, `ple`, `softcap`, `act_convert`): see
+//! `docs/calling-convention.md`.
 
 use super::{i32_arg, ptr, Act, DevPtr};
 use crate::gpu::KArg;
@@ -188,5 +189,20 @@ impl SoftcapArgs {
             i32_arg(self.width),
             KArg::F32(self.cap),
         ]
+    }
+}
+
+/// `act_convert(x, out, n)`: `n` f32 values of `x` to f16 or bf16 (`DQ_TYPE`)
+/// in `out`, in order (the cuBLAS arm's operand).
+#[derive(Clone, Copy, Debug)]
+pub struct ActConvertArgs {
+    pub x: DevPtr,
+    pub out: DevPtr,
+    pub n: usize,
+}
+
+impl ActConvertArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![ptr(self.x), ptr(self.out), KArg::U64(self.n as u64)]
     }
 }

@@ -3,14 +3,15 @@
 //! conversion. See kernels/cuda/act_convert.cu.
 
 use super::{random_matrix, rng_for};
-use crate::check::{CheckReport, Tolerance, POISON_BITS};
-use crate::defines::{defines, get_str, Defines};
-use crate::family::{
-    int_range, rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
-use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
+use crate::bind::rows::ActConvertArgs;
+use crate::defines::{defines, get_str, int_range, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
+use crate::gpu::{DeviceBuffer, Gpu, GpuError, Module};
+use crate::kernel_family::Family;
+use crate::problem::{rows_of, Problem, ProblemKind};
 use crate::quant::blocks::{f32_to_bf16, f32_to_f16};
 use crate::quant::GgmlType;
+use crate::verdict::{CheckReport, Contract, Tolerance, POISON_BITS};
 use crate::workload::{poison, OpKind, Workload};
 
 pub struct ActConvert;
@@ -135,8 +136,12 @@ impl Workload for ConvertWorkload {
         1
     }
     fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
-        let args = [self.x.arg(), self.out.arg(), KArg::U64(self.n as u64)];
-        gpu.launch(m, &self.geo, &args)
+        let args = ActConvertArgs {
+            x: self.x.ptr(),
+            out: self.out.ptr(),
+            n: self.n,
+        };
+        gpu.launch(m, &self.geo, &args.kargs())
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
         poison(gpu, &[&self.out])
@@ -169,7 +174,7 @@ impl Workload for ConvertWorkload {
 mod tests {
     use super::*;
     use crate::compile::Arch;
-    use crate::family::RowsProblem;
+    use crate::problem::RowsProblem;
 
     #[test]
     fn replay_rounds_to_nearest_even() {

@@ -7,14 +7,13 @@ use super::rows_common::{act_replay, out_format, OutRead, RowsWorkload};
 use super::{memo, random_matrix, rng_for};
 use crate::bind::attention::{AttnArgs, MAX_SPLITS};
 use crate::bind::ActFormat;
-use crate::check::Tolerance;
 use crate::defines::{get_int, get_str, Defines};
-use crate::family::{
-    attn_of, AttnProblem, Contract, DeviceLimits, KvType, LaunchGeometry, Problem,
-};
+use crate::device::{DeviceLimits, LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError};
 use crate::oracle::{attention, AttnParams};
+use crate::problem::{attn_of, AttnProblem, KvType, Problem};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::verdict::{Contract, Tolerance};
 
 /// The tensor-core tile configuration of a variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +66,7 @@ impl PrefillIo {
     };
     /// Q16 and OUT of a prefill variant's defines.
     pub fn read(d: &Defines) -> Result<PrefillIo, String> {
-        let q16 = crate::family::int_in(d, "Q16", &[0, 1])? == 1;
+        let q16 = crate::defines::int_in(d, "Q16", &[0, 1])? == 1;
         let out = out_format(d)?;
         if out == ActFormat::Q8_1 {
             return Err("OUT=Q8_1: attention writes F32, DQ_F16 or DQ_BF16".into());
@@ -145,7 +144,7 @@ pub enum Algo {
 }
 
 fn int_of(d: &Defines, k: &str, allowed: &[i64]) -> Result<usize, String> {
-    crate::family::int_in(d, k, allowed).map(|v| v as usize)
+    crate::defines::int_in(d, k, allowed).map(|v| v as usize)
 }
 
 /// The cache type the variant reads (bound to the shape's).
@@ -201,7 +200,7 @@ fn read_algo(
     let (hd, kv) = head_dim_and_cache(d, p)?;
     match get_int(d, "ALGO")? {
         0 => {
-            let w = crate::family::int_range(d, "SCALAR_WARPS", 1, 32)? as usize;
+            let w = crate::defines::int_range(d, "SCALAR_WARPS", 1, 32)? as usize;
             Ok(Algo::Scalar { warps: w })
         }
         1 => {
@@ -299,7 +298,7 @@ pub fn tokens_per_cta(t: &Tile, p: &AttnProblem) -> usize {
 /// KV splits of the decode kernel: SPLITS, or (0) enough CTAs to fill the
 /// device twice over at the planned length, at most one per KV tile.
 pub fn splits(d: &Defines, t: &Tile, p: &AttnProblem, lim: &DeviceLimits) -> Result<usize, String> {
-    let s = crate::family::int_range(d, "SPLITS", 0, MAX_SPLITS as i64)? as usize;
+    let s = crate::defines::int_range(d, "SPLITS", 0, MAX_SPLITS as i64)? as usize;
     if s > 0 {
         return Ok(s);
     }
@@ -510,8 +509,10 @@ fn upload_kv(gpu: &Gpu, t: KvType, v: &[f32]) -> Result<crate::gpu::DeviceBuffer
     }
 }
 
-/// A checkable, timeable attention call. `decode`: pos0 from device memory
-/// and (tensor cores) split-KV with the combine. `io`: how q and out are
+/// A checkable, timeable attention call, enqueued as `seq` says (the
+/// family's `launch_sequence`, which the engine's launch follows too):
+/// `Decode` reads pos0 from device memory and is a programmatic dependent,
+/// with the combine after it when `combine`. `io`: how q and out are
 /// stored (`PrefillIo::F32` for decode).
 pub fn workload(
     gpu: &Gpu,
@@ -519,10 +520,14 @@ pub fn workload(
     p: &Problem,
     geo: &LaunchGeometry,
     seed: u64,
-    decode: bool,
+    seq: LaunchSequence,
     io: PrefillIo,
 ) -> Result<Box<dyn crate::workload::Workload>, GpuError> {
     let a = *attn_of(p).map_err(GpuError::Rejected)?;
+    let (decode, combine) = match seq {
+        LaunchSequence::Single => (false, false),
+        LaunchSequence::Decode { combine } => (true, combine),
+    };
     // Every ALGO but the scalar one rounds Q (and P) to the cache type.
     let tensor_cores = get_int(d, "ALGO").map_err(GpuError::Rejected)? != 0;
     let inp = inputs(&a, seed);
@@ -560,12 +565,13 @@ pub fn workload(
         window: a.window,
         scratch: scratch.ptr(),
     };
-    let then = match (tensor_cores, decode) {
-        (true, true) => vec![(
-            combine_geometry(&a),
+    let then = if combine {
+        vec![(
+            crate::bind::attention::combine_geometry(&a),
             crate::bind::attention::combine_kargs(&args, splits),
-        )],
-        _ => Vec::new(),
+        )]
+    } else {
+        Vec::new()
     };
     let key = format!("attn ref {a:?} {seed}");
     let replay_key = format!("attn replay {a:?} {seed} {op:?}");
@@ -631,21 +637,6 @@ pub fn visible_keys(a: &AttnProblem) -> usize {
         lo_cache
     };
     a.kv_len() - lo
-}
-
-/// The combine launch of the decode kernel: one block per (token, head) row
-/// and 64 head dims (attn_decode.cu).
-pub fn combine_geometry(a: &AttnProblem) -> LaunchGeometry {
-    LaunchGeometry {
-        kernel: "attn_combine".into(),
-        grid: (
-            (a.n_q * a.n_heads) as u32,
-            a.head_dim.div_ceil(64) as u32,
-            1,
-        ),
-        block: (256, 1, 1),
-        dyn_smem: 0,
-    }
 }
 
 #[cfg(test)]

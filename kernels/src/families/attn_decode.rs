@@ -7,13 +7,13 @@
 
 use super::attention;
 use crate::bind::attention::MAX_SPLITS;
-use crate::check::Tolerance;
 use crate::defines::{defines, get_int, Defines};
-use crate::family::{
-    attn_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
+use crate::device::{DeviceLimits, LaunchGeometry, LaunchSequence};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{attn_of, Problem, ProblemKind};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 
 pub struct AttnDecode;
@@ -82,6 +82,13 @@ impl Family for AttnDecode {
         };
         Ok(attention::geometry("attn_decode", &algo, a, z, lim))
     }
+    /// A programmatic dependent; every tensor-core ALGO splits the keys
+    /// and has its partials combined, the scalar kernel (ALGO 0) does not.
+    fn launch_sequence(&self, d: &Defines) -> Result<LaunchSequence, String> {
+        Ok(LaunchSequence::Decode {
+            combine: get_int(d, "ALGO")? != 0,
+        })
+    }
     fn workload(
         &self,
         gpu: &Gpu,
@@ -90,7 +97,8 @@ impl Family for AttnDecode {
         geo: &LaunchGeometry,
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
-        attention::workload(gpu, d, p, geo, seed, true, attention::PrefillIo::F32)
+        let seq = self.launch_sequence(d).map_err(GpuError::Rejected)?;
+        attention::workload(gpu, d, p, geo, seed, seq, attention::PrefillIo::F32)
     }
 }
 
@@ -155,17 +163,17 @@ impl StreamTile {
 }
 
 fn int_of(d: &Defines, k: &str, allowed: &[i64]) -> Result<usize, String> {
-    crate::family::int_in(d, k, allowed).map(|v| v as usize)
+    crate::defines::int_in(d, k, allowed).map(|v| v as usize)
 }
 
 /// Checks the streaming kernels' defines (ALGO 2 or 3) against the problem.
 pub fn stream_tile(
     d: &Defines,
-    p: &crate::family::AttnProblem,
+    p: &crate::problem::AttnProblem,
     lim: &DeviceLimits,
 ) -> Result<StreamTile, String> {
     let (hd, kv) = attention::head_dim_and_cache(d, p)?;
-    if kv == crate::family::KvType::F32 {
+    if kv == crate::problem::KvType::F32 {
         return Err("the streaming kernel reads F16 or BF16 caches; ALGO=0 reads F32".into());
     }
     let key_major = get_int(d, "ALGO")? == 3;
@@ -271,10 +279,10 @@ fn check_smem(t: StreamTile, hd: usize, lim: &DeviceLimits) -> Result<StreamTile
 pub fn stream_splits(
     d: &Defines,
     t: &StreamTile,
-    p: &crate::family::AttnProblem,
+    p: &crate::problem::AttnProblem,
     lim: &DeviceLimits,
 ) -> Result<usize, String> {
-    let s = crate::family::int_range(d, "SPLITS", 0, MAX_SPLITS as i64)? as usize;
+    let s = crate::defines::int_range(d, "SPLITS", 0, MAX_SPLITS as i64)? as usize;
     if s > 0 {
         return Ok(s);
     }
@@ -292,7 +300,7 @@ pub fn stream_splits(
 /// attn_split.cuh's decode_split counts them: from the tile of the oldest
 /// key a row sees (the oldest cached one, or the window's) to the tile of
 /// the last query.
-fn planned_key_tiles(p: &crate::family::AttnProblem, bkv: usize) -> usize {
+fn planned_key_tiles(p: &crate::problem::AttnProblem, bkv: usize) -> usize {
     let kv_len = p.kv_len().max(1);
     let cache_lo = kv_len.saturating_sub(p.capacity);
     let k_lo = if p.window > 0 {
@@ -304,7 +312,11 @@ fn planned_key_tiles(p: &crate::family::AttnProblem, bkv: usize) -> usize {
 }
 
 /// The launch of the streaming kernel with `z` splits.
-pub fn stream_geometry(t: &StreamTile, p: &crate::family::AttnProblem, z: usize) -> LaunchGeometry {
+pub fn stream_geometry(
+    t: &StreamTile,
+    p: &crate::problem::AttnProblem,
+    z: usize,
+) -> LaunchGeometry {
     LaunchGeometry {
         kernel: "attn_decode".into(),
         grid: (
@@ -321,7 +333,7 @@ pub fn stream_geometry(t: &StreamTile, p: &crate::family::AttnProblem, z: usize)
 mod tests {
     use super::*;
     use crate::compile::Arch;
-    use crate::family::{AttnProblem, KvType};
+    use crate::problem::{AttnProblem, KvType};
 
     fn stream_defines(hd: i64, bq: i64, bkv: i64, kw: i64, wd: i64, stages: i64) -> Defines {
         let mut d = AttnDecode.default_defines(crate::quant::GgmlType::Q8_0);

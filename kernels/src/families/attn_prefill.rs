@@ -4,14 +4,14 @@
 
 use super::attention::{self, Algo, Persist, PrefillIo};
 use crate::bind::ActFormat;
-use crate::check::Tolerance;
 use crate::compile::Arch;
 use crate::defines::{defines, get_int, Defines};
-use crate::family::{
-    attn_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{attn_of, Problem, ProblemKind};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 
 pub struct AttnPrefill;
@@ -65,10 +65,10 @@ impl Family for AttnPrefill {
     ) -> Result<LaunchGeometry, String> {
         let a = attn_of(p)?;
         let algo = attention::read_prefill(d, a, lim)?;
-        crate::family::int_in(d, "WINDOWED", &[0, 1])?;
-        crate::family::int_in(d, "COUNT_TILES", &[0, 1])?;
+        crate::defines::int_in(d, "WINDOWED", &[0, 1])?;
+        crate::defines::int_in(d, "COUNT_TILES", &[0, 1])?;
         let io = PrefillIo::read(d)?;
-        let persist = crate::family::int_in(d, "PERSIST", &[0, 1, 2])?;
+        let persist = crate::defines::int_in(d, "PERSIST", &[0, 1, 2])?;
         match &algo {
             Algo::Mma(t) if t.wgmma => match t.persist {
                 Persist::TwoQ if io.q16 => {
@@ -117,7 +117,8 @@ impl Family for AttnPrefill {
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
         let io = PrefillIo::read(d).map_err(GpuError::Rejected)?;
-        attention::workload(gpu, d, p, geo, seed, false, io)
+        let seq = self.launch_sequence(d).map_err(GpuError::Rejected)?;
+        attention::workload(gpu, d, p, geo, seed, seq, io)
     }
 }
 
@@ -139,7 +140,7 @@ pub fn expected_tiles(d: &Defines, p: &Problem, lim: &DeviceLimits) -> Option<u6
 mod tests {
     use super::*;
     use crate::compile::Arch;
-    use crate::family::{AttnProblem, KvType};
+    use crate::problem::{AttnProblem, KvType};
 
     /// E4B heads over a 512-token window, 4096 tokens: 256 work items.
     fn e4b_window_4096() -> Problem {

@@ -5,13 +5,13 @@
 use super::rows_common::{threads, OutRead, RowsWorkload};
 use super::{random_matrix, rng_for};
 use crate::bind::rows::EmbedArgs;
-use crate::check::Tolerance;
 use crate::defines::{defines, get_int, get_str, Defines};
-use crate::family::{
-    rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{rows_of, Problem, ProblemKind};
 use crate::quant::{dequantize_row, quantize_row, GgmlType};
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -103,7 +103,7 @@ impl Family for Embed {
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
         let mut d = defines([("THREADS", 256i64), ("ALGO", 0), ("UNROLL", 1), ("ROWS", 1)]);
-        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
     fn contract(&self, _d: &Defines) -> Contract {

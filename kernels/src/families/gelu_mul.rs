@@ -8,14 +8,14 @@ use super::rows_common::{
 use super::{random_matrix, rng_for};
 use crate::bind::rows::GeluMulArgs;
 use crate::bind::{Act, ActFormat};
-use crate::check::Tolerance;
 use crate::defines::{defines, Defines};
-use crate::family::{
-    rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
 use crate::oracle::gelu_tanh;
+use crate::problem::{rows_of, Problem, ProblemKind};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 
 pub struct GeluMul;

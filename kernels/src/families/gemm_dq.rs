@@ -10,14 +10,14 @@ use super::tiles::{bkw, geometry, pad16, read_tiles};
 use super::{matmul_f64, memo, seeded_inputs, MatmulWorkload};
 use crate::bind::matmul::MatmulBinding;
 use crate::bind::{Act, NULL};
-use crate::check::Tolerance;
 use crate::defines::{defines, get_str, DefineValue, Defines};
-use crate::family::{
-    check_block32_wtype, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
-};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{check_block32_wtype, matmul_of, Problem};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::{OpKind, WeightSet, Workload};
 
 pub struct GemmDq;
@@ -59,7 +59,7 @@ impl Family for GemmDq {
             ("STAGES", 3),
             ("CP_ASYNC", 1),
         ]);
-        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d.insert("DQ_TYPE".into(), DefineValue::Str("F16".into()));
         d
     }

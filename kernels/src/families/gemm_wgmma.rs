@@ -7,15 +7,14 @@
 
 use super::gemm_dq::{dq_tolerance, dq_workload, is_bf16};
 use super::tiles::{bkw, pad16};
-use crate::check::Tolerance;
 use crate::compile::Arch;
-use crate::defines::{defines, DefineValue, Defines};
-use crate::family::{
-    check_block32_wtype, int_in, int_range, matmul_of, Contract, DeviceLimits, Family,
-    LaunchGeometry, Problem,
-};
+use crate::defines::{defines, int_in, int_range, DefineValue, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{check_block32_wtype, matmul_of, Problem};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 
 pub struct GemmWgmma;
@@ -51,7 +50,7 @@ impl Family for GemmWgmma {
             ("STAGES", 4),
             ("KSPLIT", 1),
         ]);
-        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d.insert("DQ_TYPE".into(), DefineValue::Str("F16".into()));
         d
     }

@@ -9,14 +9,13 @@ use super::{
 };
 use crate::bind::matmul::MatmulBinding;
 use crate::bind::{Act, ActFormat};
-use crate::check::Tolerance;
-use crate::defines::{defines, DefineValue, Defines};
-use crate::family::{
-    check_wtype, int_in, int_range, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry,
-    Problem, WType,
-};
+use crate::defines::{defines, int_in, int_range, DefineValue, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{check_wtype, matmul_of, Problem, WType};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::{OpKind, WeightSet, Workload};
 
 pub struct Gemv;
@@ -49,7 +48,7 @@ impl Family for Gemv {
             ("KSPLIT", 1),
             ("UNROLL", 1),
         ]);
-        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
@@ -257,7 +256,7 @@ impl Family for Gemv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::family::DeviceLimits;
+    use crate::device::DeviceLimits;
     use crate::quant::{dequantize_row, quantize_row};
 
     /// The Q6_K chunk decode of gemv.cu replayed on the CPU with the same
@@ -391,7 +390,7 @@ mod tests {
         }
         for r in crate::reference::references_for("gemv") {
             let e = r
-                .supports(&crate::family::MatmulProblem {
+                .supports(&crate::problem::MatmulProblem {
                     m: 1,
                     n: 1024,
                     k: 2560,

@@ -8,13 +8,13 @@ use super::{
 };
 use crate::bind::matmul::MatmulBinding;
 use crate::bind::{Act, ActFormat};
-use crate::check::Tolerance;
-use crate::defines::{defines, Defines};
-use crate::family::{
-    check_block32_wtype, int_in, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
-};
+use crate::defines::{defines, int_in, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{check_block32_wtype, matmul_of, Problem};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::{OpKind, WeightSet, Workload};
 
 pub struct Mmq;
@@ -45,7 +45,7 @@ impl Family for Mmq {
             ("CP_ASYNC", 1),
             ("EPI", 1),
         ]);
-        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
     fn contract(&self, _d: &Defines) -> Contract {

@@ -22,10 +22,11 @@ pub(crate) mod tiles;
 
 use crate::bind::matmul::{MatmulBinding, WeightLayout, Weights};
 use crate::bind::{Act, NULL};
-use crate::check::{compare, CheckReport, Tolerance};
-use crate::family::{Contract, LaunchGeometry, WType};
+use crate::device::LaunchGeometry;
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
+use crate::problem::WType;
 use crate::quant::{dequantize_row, quantize_row};
+use crate::verdict::{compare, CheckReport, Contract, Tolerance};
 use crate::workload::{poison, OpKind, WeightSet, Workload};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

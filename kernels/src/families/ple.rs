@@ -7,13 +7,13 @@ use super::embed::{make_table, make_tokens, table_type, CHECK_VOCAB};
 use super::rows_common::{threads, OutRead, RowsWorkload};
 use super::{random_matrix, rng_for};
 use crate::bind::rows::PleArgs;
-use crate::check::Tolerance;
 use crate::defines::{defines, Defines};
-use crate::family::{
-    rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{rows_of, Problem, ProblemKind};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 use rand::Rng;
 
@@ -36,7 +36,7 @@ impl Family for Ple {
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
         let mut d = defines([("THREADS", 128i64)]);
-        d.insert("WTYPE".into(), crate::family::wtype_define(wtype));
+        d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
     fn contract(&self, _d: &Defines) -> Contract {

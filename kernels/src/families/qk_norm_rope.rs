@@ -12,15 +12,14 @@
 use super::rows_common::{OutRead, RowsWorkload};
 use super::{random_matrix, rng_for};
 use crate::bind::rows::QkNormRopeArgs;
-use crate::check::Tolerance;
 use crate::defines::{get_str, Defines};
-use crate::family::{
-    attn_of, AttnProblem, Contract, DeviceLimits, Family, KvType, LaunchGeometry, Problem,
-    ProblemKind,
-};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{attn_of, AttnProblem, KvType, Problem, ProblemKind};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 use rand::Rng;
 
@@ -54,7 +53,7 @@ fn kv_type(d: &Defines, p: &AttnProblem) -> Result<KvType, String> {
 
 /// Q16: q_out in the cache type.
 fn q16(d: &Defines) -> Result<bool, String> {
-    Ok(crate::family::int_in(d, "Q16", &[0, 1])? == 1)
+    Ok(crate::defines::int_in(d, "Q16", &[0, 1])? == 1)
 }
 
 /// A cache value as stored and read back.
@@ -148,9 +147,9 @@ impl Family for QkNormRope {
                 a.n_q - a.capacity
             ));
         }
-        if crate::family::int_in(d, "ALGO", &[0, 1])? == 1 {
+        if crate::defines::int_in(d, "ALGO", &[0, 1])? == 1 {
             // A block per token, a warp per row; lanes take 16-byte pieces.
-            let warps = crate::family::int_in(d, "WARPS", &[4, 8, 16])? as u32;
+            let warps = crate::defines::int_in(d, "WARPS", &[4, 8, 16])? as u32;
             if a.head_dim % 256 != 0 {
                 return Err(format!(
                     "ALGO=1 takes head_dim a multiple of 256 (a lane's pairs in 16-byte pieces), not {}",

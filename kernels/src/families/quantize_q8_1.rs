@@ -2,13 +2,15 @@
 //! Bitexact against `families::q8_1_replay`.
 
 use super::{q8_1_replay, random_matrix, rng_for};
-use crate::check::{CheckReport, Tolerance, POISON_BITS};
-use crate::defines::{defines, Defines};
-use crate::family::{
-    int_range, matmul_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem,
-};
-use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
+use crate::bind::matmul::Prepass;
+use crate::bind::{Act, ActFormat};
+use crate::defines::{defines, int_range, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
+use crate::gpu::{DeviceBuffer, Gpu, GpuError, Module};
+use crate::kernel_family::Family;
+use crate::problem::{matmul_of, Problem};
 use crate::quant::GgmlType;
+use crate::verdict::{CheckReport, Contract, Tolerance, POISON_BITS};
 use crate::workload::{poison, OpKind, Workload};
 
 pub struct QuantizeQ81;
@@ -112,12 +114,14 @@ impl Workload for QuantWorkload {
         1
     }
     fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
-        let args = [
-            self.x.arg(),
-            self.q.arg(),
-            self.ds.arg(),
-            KArg::U64(self.xs.len() as u64),
-        ];
+        let out = Act {
+            format: ActFormat::Q8_1,
+            data: self.q.ptr(),
+            scales: self.ds.ptr(),
+        };
+        let args = Prepass::QuantizeQ8_1
+            .kargs(self.x.ptr(), &out, 1, self.xs.len())
+            .ok_or_else(|| GpuError::Other("quantize_q8_1 has no pre-pass arguments".into()))?;
         gpu.launch(m, &self.geo, &args)
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {

@@ -9,13 +9,13 @@ use super::rows_common::{
 use super::{gemv::fp_rms_bound, random_matrix, rng_for};
 use crate::bind::rows::RmsNormArgs;
 use crate::bind::{Act, ActFormat, NULL};
-use crate::check::Tolerance;
-use crate::defines::{defines, Defines};
-use crate::family::{
-    int_in, rows_of, Contract, DeviceLimits, Family, LaunchGeometry, Problem, ProblemKind,
-};
+use crate::defines::{defines, int_in, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
+use crate::kernel_family::Family;
+use crate::problem::{rows_of, Problem, ProblemKind};
 use crate::quant::GgmlType;
+use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
 use rand::Rng;
 
@@ -227,7 +227,7 @@ impl Family for RmsNorm {
 mod tests {
     use super::*;
     use crate::compile::Arch;
-    use crate::family::RowsProblem;
+    use crate::problem::RowsProblem;
 
     fn p(rows: usize, width: usize) -> Problem {
         Problem::Rows(RowsProblem {

@@ -5,11 +5,11 @@
 //! their defines.
 
 use crate::bind::ActFormat;
-use crate::check::{compare, CheckReport, Tolerance};
 use crate::defines::{get_int, get_str, Defines};
-use crate::family::{Contract, LaunchGeometry};
+use crate::device::LaunchGeometry;
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::verdict::{compare, CheckReport, Contract, Tolerance};
 use crate::workload::{poison, OpKind, Workload};
 
 /// The `OUT` define of a producer.

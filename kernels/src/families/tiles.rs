@@ -1,7 +1,8 @@
 //! Tile-define validation shared by the two prefill GEMM families.
 
-use crate::defines::{get_int, Defines};
-use crate::family::{int_in, int_range, DeviceLimits, LaunchGeometry, MatmulProblem, WType};
+use crate::defines::{get_int, int_in, int_range, Defines};
+use crate::device::{DeviceLimits, LaunchGeometry};
+use crate::problem::{MatmulProblem, WType};
 
 pub(crate) struct Tiles {
     pub bm: usize,

@@ -23,14 +23,13 @@
 
 pub mod cublas;
 
-use crate::check::{compare, CheckReport, Tolerance, POISON_BITS};
 use crate::families::{matmul_f64, q8_1_replay, seeded_inputs, SeededInputs};
-use crate::family::WType;
-use crate::family::{matmul_of, Contract, MatmulProblem, Problem};
 use crate::gpu::{DeviceBuffer, Gpu, GpuError};
+use crate::problem::{matmul_of, MatmulProblem, Problem, WType};
 use crate::quant::blocks::{bf16_to_f32, f32_to_bf16};
 use crate::quant::{dequantize_row, GgmlType};
 use crate::timing::{time_workload, Regime, Timeable, Timing, TimingConfig};
+use crate::verdict::{compare, CheckReport, Contract, Tolerance, POISON_BITS};
 use crate::workload::{OpKind, WeightSet};
 pub use cublas::Cublas;
 use cublas::GemmType;

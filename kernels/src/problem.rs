@@ -1,0 +1,369 @@
+//! Problem shapes the kernel families run on (matmul, attention, row-wise),
+//! the weight types of the matmul families, and the checks every family's
+//! `validate` shares.
+
+use crate::defines::{get_str, DefineValue, Defines};
+use crate::quant::GgmlType;
+use serde::{Deserialize, Serialize};
+
+/// out[m][n] = sum_k x[m][k] * W[n][k]: `m` tokens, `n` output features,
+/// `k` input features, W stored as `wtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulProblem {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub wtype: GgmlType,
+}
+
+/// Element type of a K/V cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum KvType {
+    F16,
+    Bf16,
+    F32,
+}
+
+impl KvType {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 | KvType::Bf16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+    /// The name used in shapes files, CSV columns and the `KV_TYPE` define.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "F16",
+            KvType::Bf16 => "BF16",
+            KvType::F32 => "F32",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<KvType> {
+        match s.to_ascii_uppercase().as_str() {
+            "F16" => Some(KvType::F16),
+            "BF16" => Some(KvType::Bf16),
+            "F32" => Some(KvType::F32),
+            _ => None,
+        }
+    }
+}
+
+/// One attention call of a Gemma 4 layer over its KV cache.
+///
+/// Queries are the `n_q` tokens at positions `q_pos0 .. q_pos0 + n_q`; they
+/// attend to keys `0 .. q_pos0 + n_q` (causal, `k <= q`), and with a window
+/// `W > 0` only to keys with `q - k < W`. Scale 1.0 (Gemma 4 has none).
+///
+/// Layouts (the engine's, which the kernels read as they are):
+/// - `q`, `out`: f32 `[n_q][n_heads][head_dim]`;
+/// - K and V caches: `kv_type` `[capacity][n_kv_heads][head_dim]`, the key of
+///   position `p` in slot `p % capacity`. A linear cache has
+///   `capacity >= q_pos0 + n_q`; a sliding layer's ring buffer has at least
+///   `window + n_q - 1` slots (every key a query of the call can see);
+///   `capacity < q_pos0 + n_q` means the ring has wrapped.
+/// - Query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnProblem {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Sliding window W; 0 = full causal attention.
+    pub window: usize,
+    pub q_pos0: usize,
+    pub n_q: usize,
+    pub capacity: usize,
+    pub kv_type: KvType,
+}
+
+impl AttnProblem {
+    /// Keys the cache holds after the call (`q_pos0 + n_q`).
+    pub fn kv_len(&self) -> usize {
+        self.q_pos0 + self.n_q
+    }
+    pub fn group(&self) -> usize {
+        self.n_heads / self.n_kv_heads.max(1)
+    }
+    /// Whether the ring buffer wrapped (some slot was written twice).
+    pub fn wrapped(&self) -> bool {
+        self.capacity < self.kv_len()
+    }
+    /// (query, key) pairs the masks admit, per query head: the work an
+    /// attention kernel must do at least (the causal triangle or the window
+    /// band), for TFLOP/s that count no masked work.
+    pub fn visible_pairs(&self) -> u64 {
+        (self.q_pos0..self.q_pos0 + self.n_q)
+            .map(|q| {
+                let lo = if self.window > 0 {
+                    (q + 1).saturating_sub(self.window)
+                } else {
+                    0
+                };
+                (q + 1 - lo) as u64
+            })
+            .sum()
+    }
+    /// The shape's rejection reason, if it cannot be a Gemma 4 attention call.
+    pub fn check(&self) -> Result<(), String> {
+        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return Err(format!(
+                "{} query heads over {} KV heads: the KV heads must divide the query heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.n_q == 0 || self.head_dim == 0 {
+            return Err("n_q and head_dim must be positive".into());
+        }
+        let need = if self.window > 0 {
+            (self.window + self.n_q - 1).min(self.kv_len())
+        } else {
+            self.kv_len()
+        };
+        if self.capacity < need {
+            return Err(format!(
+                "a cache of {} slots cannot hold the {need} keys this call reads",
+                self.capacity
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A row-wise (elementwise, normalization, gather) problem: `rows` tokens of
+/// `width` elements. `dtype` is the element type of the tensor the family
+/// reads from a model file (the embedding table of `embed` and `ple`), F32
+/// otherwise. `aux` is family-specific and documented by each family: the
+/// table's row count (vocabulary) for `embed` and `ple`, the chunk width
+/// for `ple` (PLE width P) and per-head norms, 0 when unused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowsProblem {
+    pub rows: usize,
+    pub width: usize,
+    pub dtype: GgmlType,
+    pub aux: usize,
+}
+
+/// A problem shape a family can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Problem {
+    Matmul(MatmulProblem),
+    Attention(AttnProblem),
+    Rows(RowsProblem),
+}
+
+/// Which kind of shape a family runs on (its spec's shape files must hold
+/// shapes of that kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProblemKind {
+    Matmul,
+    Attention,
+    Rows,
+}
+
+impl ProblemKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProblemKind::Matmul => "matmul",
+            ProblemKind::Attention => "attention",
+            ProblemKind::Rows => "rows",
+        }
+    }
+}
+
+impl Problem {
+    pub fn matmul(m: usize, n: usize, k: usize, wtype: GgmlType) -> Problem {
+        Problem::Matmul(MatmulProblem { m, n, k, wtype })
+    }
+    pub fn kind(&self) -> ProblemKind {
+        match self {
+            Problem::Matmul(_) => ProblemKind::Matmul,
+            Problem::Attention(_) => ProblemKind::Attention,
+            Problem::Rows(_) => ProblemKind::Rows,
+        }
+    }
+    /// The generic report columns (m, n, k, type) of any problem:
+    /// - matmul: tokens, output features, input features, weight type;
+    /// - attention: query tokens, keys (`q_pos0 + n_q`), head dim, KV type;
+    /// - rows: rows, width, aux, table type.
+    pub fn columns(&self) -> (usize, usize, usize, String) {
+        match self {
+            Problem::Matmul(p) => (p.m, p.n, p.k, p.wtype.name().to_ascii_uppercase()),
+            Problem::Attention(a) => (a.n_q, a.kv_len(), a.head_dim, a.kv_type.name().into()),
+            Problem::Rows(r) => (r.rows, r.width, r.aux, r.dtype.name().to_ascii_uppercase()),
+        }
+    }
+    /// Every dimension, as one line (the `problem` column of reports).
+    pub fn describe(&self) -> String {
+        match self {
+            Problem::Matmul(p) => format!(
+                "matmul m={} n={} k={} w={}",
+                p.m,
+                p.n,
+                p.k,
+                p.wtype.name().to_ascii_uppercase()
+            ),
+            Problem::Attention(a) => format!(
+                "attn heads={}/{} hd={} window={} q={}..{} cap={} kv={}",
+                a.n_heads,
+                a.n_kv_heads,
+                a.head_dim,
+                a.window,
+                a.q_pos0,
+                a.q_pos0 + a.n_q,
+                a.capacity,
+                a.kv_type.name()
+            ),
+            Problem::Rows(r) => format!(
+                "rows={} width={} aux={} type={}",
+                r.rows,
+                r.width,
+                r.aux,
+                r.dtype.name().to_ascii_uppercase()
+            ),
+        }
+    }
+}
+
+/// The matmul problem of a matmul family's shape, or the reason it is not one.
+pub(crate) fn matmul_of(p: &Problem) -> Result<&MatmulProblem, String> {
+    match p {
+        Problem::Matmul(mp) => Ok(mp),
+        other => Err(wrong_kind(ProblemKind::Matmul, other)),
+    }
+}
+
+/// The attention problem of an attention family's shape.
+pub fn attn_of(p: &Problem) -> Result<&AttnProblem, String> {
+    match p {
+        Problem::Attention(a) => Ok(a),
+        other => Err(wrong_kind(ProblemKind::Attention, other)),
+    }
+}
+
+/// The rows problem of a row-wise family's shape.
+pub fn rows_of(p: &Problem) -> Result<&RowsProblem, String> {
+    match p {
+        Problem::Rows(r) => Ok(r),
+        other => Err(wrong_kind(ProblemKind::Rows, other)),
+    }
+}
+
+fn wrong_kind(want: ProblemKind, got: &Problem) -> String {
+    format!(
+        "this family runs on {} shapes, not on a {} shape ({})",
+        want.name(),
+        got.kind().name(),
+        got.describe()
+    )
+}
+
+/// Checks that the WTYPE define matches the problem's weight type and that
+/// the type is one the families implement (Q8_0, Q4_0; Q6_K for the GEMV,
+/// see `check_block32_wtype`).
+pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, String> {
+    let w = get_str(d, "WTYPE")?;
+    let wt = match w.as_str() {
+        "Q8_0" => WType::Q8_0,
+        "Q4_0" => WType::Q4_0,
+        "Q6_K" => WType::Q6K,
+        other
+            if ["q8_0", "q4_0", "q6_k"]
+                .iter()
+                .any(|n| other.eq_ignore_ascii_case(n)) =>
+        {
+            return Err(format!(
+                "WTYPE={other}: write it in upper case ({}), the kernel compares macro names",
+                other.to_ascii_uppercase()
+            ))
+        }
+        other => {
+            return Err(format!(
+                "WTYPE={other}: only Q8_0, Q4_0 and (gemv) Q6_K are implemented"
+            ))
+        }
+    };
+    if wt.ggml() != mp.wtype {
+        return Err(format!(
+            "WTYPE={w} does not match the problem's weight type {}",
+            mp.wtype.name()
+        ));
+    }
+    let blk = wt.block_elems();
+    if mp.k % blk != 0 || mp.k == 0 {
+        return Err(format!(
+            "k={} is not a positive multiple of the {blk}-element {} block",
+            mp.k,
+            wt.ggml().name()
+        ));
+    }
+    if mp.m == 0 || mp.n == 0 {
+        return Err("m and n must be positive".into());
+    }
+    Ok(wt)
+}
+
+/// `check_wtype` for the families that read 32-element blocks repacked into
+/// planes (mmq, gemm_dq, gemm_wgmma): Q6_K's 256-element super-blocks have
+/// no plane layout, so it is rejected with the family that serves it.
+pub(crate) fn check_block32_wtype(
+    family: &str,
+    d: &Defines,
+    mp: &MatmulProblem,
+) -> Result<WType, String> {
+    match check_wtype(d, mp)? {
+        WType::Q6K => Err(format!(
+            "WTYPE=Q6_K: {family} reads Q8_0 and Q4_0 quant planes; Q6_K super-blocks are read by the gemv family only (ALGO=0, LAYOUT=0, FUSE=0)"
+        )),
+        wt => Ok(wt),
+    }
+}
+
+/// The WTYPE define value for a weight type ("Q8_0", "Q4_0": the macro
+/// names the kernels compare against, upper case).
+pub fn wtype_define(t: GgmlType) -> DefineValue {
+    DefineValue::Str(t.name().to_ascii_uppercase())
+}
+
+/// The weight types the matmul families implement. Q6_K (GGML's 256-element
+/// super-blocks) is read only by the gemv family, as GGUF blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WType {
+    Q8_0,
+    Q4_0,
+    Q6K,
+}
+
+impl WType {
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            WType::Q8_0 => GgmlType::Q8_0,
+            WType::Q4_0 => GgmlType::Q4_0,
+            WType::Q6K => GgmlType::Q6K,
+        }
+    }
+    /// The weight type of a GGML type, if the matmul families read it.
+    pub fn of(t: GgmlType) -> Option<WType> {
+        [WType::Q8_0, WType::Q4_0, WType::Q6K]
+            .into_iter()
+            .find(|w| w.ggml() == t)
+    }
+    /// Elements per GGUF block (k must be a multiple).
+    pub fn block_elems(self) -> usize {
+        self.ggml().block_size()
+    }
+    /// Bytes of one GGUF row of `k` elements (`k` a multiple of
+    /// `block_elems`).
+    pub fn row_bytes(self, k: usize) -> usize {
+        k / self.block_elems() * self.ggml().type_size()
+    }
+    /// Bytes of quants per 32 elements (scales apart): the stride of a
+    /// quant plane. Q6_K has no plane layout; its 24 (ql and qh bytes of
+    /// 32 elements) is for byte counts only.
+    pub fn quant_bytes_per_block(self) -> usize {
+        match self {
+            WType::Q8_0 => 32,
+            WType::Q4_0 => 16,
+            WType::Q6K => 24,
+        }
+    }
+}
