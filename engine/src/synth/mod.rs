@@ -457,6 +457,12 @@ pub fn synth_to_vec(
 /// Label of the built-in model's in-memory file.
 pub const BUILTIN_TINY_LABEL: &str = "builtin:tiny";
 
+/// What the built-in model is, in the words `run` prints on its first
+/// line: the one place that says what its weights are.
+pub fn builtin_description() -> &'static str {
+    "the built-in tiny synthetic Gemma 4 model; its weights are random, so its text is noise (-m MODEL.gguf runs a real one)"
+}
+
 /// The built-in model: tiny, Q8_0 matrices (the quantized path), seed 0.
 pub fn builtin_tiny() -> Result<GgufFile, SynthError> {
     let bytes = synth_to_vec(

@@ -1,0 +1,116 @@
+//! The kernel choices of a profile (and tuned table) for one model, checked
+//! without a GPU: every launch the CUDA forward would make for the model is
+//! resolved through the same planner the CUDA engine uses, on the nominal
+//! limits of sm_90, sm_89 and sm_80. The CPU backend runs this so that a
+//! profile the CUDA engine would refuse (a define value no variant has, a
+//! choice with no runnable fallback) is refused on every backend, not only
+//! where a GPU reads it.
+//!
+//! A profile passes when it resolves on at least one of those devices: a
+//! Hopper-only choice without a fallback is a profile for Hopper, not an
+//! error. The tuned table is given to the planner of its own architecture.
+
+use gemtune_engine::cuda::calls::{slot_calls, ModelDims};
+use gemtune_engine::cuda::{PlanError, Planner};
+use gemtune_engine::model::Model;
+use gemtune_engine::profile::Profile;
+use gemtune_engine::tuned::TunedFile;
+use gemtune_kernels::compile::Arch;
+use gemtune_kernels::family::{DeviceLimits, KvType, Problem};
+
+/// The devices a profile is checked for, most capable first.
+const ARCHS: [u32; 3] = [90, 89, 80];
+
+/// Row counts the CUDA engine plans at load: every decode width and the
+/// prefill chunk, none past the chunk (`ubatch`, already capped at the
+/// context).
+fn planned_rows(ubatch: usize) -> Vec<usize> {
+    let mut rows: Vec<usize> = (1..=8).filter(|&r| r <= ubatch).collect();
+    if ubatch > 8 {
+        rows.push(ubatch);
+    }
+    rows
+}
+
+/// Refuses `profile` (with `tuned`) for `model` at `max_seq` positions and
+/// prefill chunks of `ubatch` tokens when no checked device can serve
+/// every slot; the message names the entry's `FILE:LINE`.
+pub fn check(
+    model: &Model,
+    profile: &Profile,
+    tuned: Option<&TunedFile>,
+    max_seq: usize,
+    ubatch: usize,
+) -> anyhow::Result<()> {
+    let cfg = model.config();
+    let w = model.weights();
+    let Some(matrix) = w.layers.first().map(|l| l.ffn_up.ty) else {
+        return Ok(());
+    };
+    let embd = w.token_embd.ty;
+    let kv = match &profile.kv_type {
+        None => KvType::F16,
+        Some(s) => KvType::from_name(s).ok_or_else(|| {
+            anyhow::anyhow!("{}: kv_type '{s}' is not F16, BF16 or F32", profile.source)
+        })?,
+    };
+    let max_seq = max_seq.clamp(1, cfg.context_length.max(1));
+    let ubatch = ubatch.clamp(1, max_seq);
+    let mut refusals = Vec::new();
+    for arch in ARCHS.map(Arch) {
+        let table = tuned.filter(|t| t.arch == arch.to_string()).cloned();
+        let planner = Planner::new(profile.clone(), table, DeviceLimits::for_arch(arch));
+        let dims = ModelDims::from_config(cfg, matrix, embd, &planner);
+        match resolve_all(&planner, &dims, model, max_seq, ubatch, kv) {
+            Ok(()) => return Ok(()),
+            Err(e) => refusals.push(format!("{arch}: {e}")),
+        }
+    }
+    anyhow::bail!(
+        "profile {} cannot serve this model on any of sm_90, sm_89, sm_80:\n  {}",
+        profile.name,
+        refusals.join("\n  ")
+    )
+}
+
+/// Resolves every call; the first refusal, with the serving entry's origin.
+fn resolve_all(
+    planner: &Planner,
+    dims: &ModelDims,
+    model: &Model,
+    max_seq: usize,
+    ubatch: usize,
+    kv: KvType,
+) -> Result<(), String> {
+    let cfg = model.config();
+    let matrix = model
+        .weights()
+        .layers
+        .first()
+        .map(|l| l.ffn_up.ty.name().to_ascii_uppercase());
+    for r in planned_rows(ubatch) {
+        // Listing the calls already plans the matmuls' formats.
+        let calls = slot_calls(planner, cfg, dims, r, max_seq, ubatch, kv).map_err(|e| {
+            let origin = match &e {
+                PlanError::Slot { slot, .. } | PlanError::Gpu { slot, .. } => {
+                    planner.profile.origin_of(slot, matrix.as_deref())
+                }
+            };
+            format!("{origin}: {e}")
+        })?;
+        for c in calls {
+            if let Err(e) = planner.resolve(&c.slot, &c.problem, &c.bound) {
+                let wt = match &c.problem {
+                    Problem::Matmul(mp) => Some(mp.wtype.name().to_ascii_uppercase()),
+                    _ => None,
+                };
+                return Err(format!(
+                    "{}: {e} (at {})",
+                    planner.profile.origin_of(&c.slot, wt.as_deref()),
+                    c.problem.describe()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
