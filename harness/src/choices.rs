@@ -9,6 +9,9 @@
 //! A profile passes when it resolves on at least one of those devices: a
 //! Hopper-only choice without a fallback is a profile for Hopper, not an
 //! error. The tuned table is given to the planner of its own architecture.
+//! A model that the committed `main` profile cannot serve either is outside
+//! what the CUDA kernels run at all; the CPU engine runs it anyway, so the
+//! check then refuses nothing.
 
 use gemtune_engine::cuda::calls::{slot_calls, ModelDims};
 use gemtune_engine::cuda::{PlanError, Planner};
@@ -43,11 +46,6 @@ pub fn check(
     ubatch: usize,
 ) -> anyhow::Result<()> {
     let cfg = model.config();
-    let w = model.weights();
-    let Some(matrix) = w.layers.first().map(|l| l.ffn_up.ty) else {
-        return Ok(());
-    };
-    let embd = w.token_embd.ty;
     let kv = match &profile.kv_type {
         None => KvType::F16,
         Some(s) => KvType::from_name(s).ok_or_else(|| {
@@ -56,21 +54,46 @@ pub fn check(
     };
     let max_seq = max_seq.clamp(1, cfg.context_length.max(1));
     let ubatch = ubatch.clamp(1, max_seq);
-    let mut refusals = Vec::new();
-    for arch in ARCHS.map(Arch) {
-        let table = tuned.filter(|t| t.arch == arch.to_string()).cloned();
-        let planner = Planner::new(profile.clone(), table, DeviceLimits::for_arch(arch));
-        let dims = ModelDims::from_config(cfg, matrix, embd, &planner);
-        match resolve_all(&planner, &dims, model, max_seq, ubatch, kv) {
-            Ok(()) => return Ok(()),
-            Err(e) => refusals.push(format!("{arch}: {e}")),
-        }
+    let refusals = match serve(model, profile, tuned, kv, max_seq, ubatch) {
+        Ok(()) => return Ok(()),
+        Err(r) => r,
+    };
+    let reference = Profile::load("main")?;
+    if serve(model, &reference, None, KvType::F16, max_seq, ubatch).is_err() {
+        return Ok(());
     }
     anyhow::bail!(
         "profile {} cannot serve this model on any of sm_90, sm_89, sm_80:\n  {}",
         profile.name,
         refusals.join("\n  ")
     )
+}
+
+/// `Ok` when some checked device serves every call of `profile`, else
+/// each device's first refusal.
+fn serve(
+    model: &Model,
+    profile: &Profile,
+    tuned: Option<&TunedFile>,
+    kv: KvType,
+    max_seq: usize,
+    ubatch: usize,
+) -> Result<(), Vec<String>> {
+    let w = model.weights();
+    let (Some(matrix), embd) = (w.layers.first().map(|l| l.ffn_up.ty), w.token_embd.ty) else {
+        return Ok(());
+    };
+    let mut refusals = Vec::new();
+    for arch in ARCHS.map(Arch) {
+        let table = tuned.filter(|t| t.arch == arch.to_string()).cloned();
+        let planner = Planner::new(profile.clone(), table, DeviceLimits::for_arch(arch));
+        let dims = ModelDims::from_config(model.config(), matrix, embd, &planner);
+        match resolve_all(&planner, &dims, model, max_seq, ubatch, kv) {
+            Ok(()) => return Ok(()),
+            Err(e) => refusals.push(format!("{arch}: {e}")),
+        }
+    }
+    Err(refusals)
 }
 
 /// Resolves every call; the first refusal, with the serving entry's origin.
