@@ -15,8 +15,9 @@
 # unless GEMTUNE_CACHE_DIR is set), which the compile gate filled, so after
 # `cargo test` this takes seconds. The baseline must come from the pinned
 # NVRTC (13.0.88, which scripts/nvrtc-env.sh installs).
-# Environment: GEMTUNE (binary; default: cargo build, then target/debug/gemtune),
-# OUT (default target/gemtune/compile-report).
+# Environment: GEMTUNE (binary; default: cargo's debug build, found by
+# scripts/gemtune-bin.sh, so CARGO_TARGET_DIR is honoured), OUT (default
+# target/gemtune/compile-report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/nvrtc-env.sh
@@ -32,12 +33,7 @@ case ${1:-} in
     ;;
 esac
 
-if [[ -n ${GEMTUNE:-} ]]; then
-    bin=$GEMTUNE
-else
-    cargo build --quiet --locked -p gemtune
-    bin=target/debug/gemtune
-fi
+bin=$(scripts/gemtune-bin.sh)
 out=${OUT:-target/gemtune/compile-report}
 baseline=reports/baseline/compile.csv
 rm -rf "$out"

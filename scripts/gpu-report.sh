@@ -18,7 +18,8 @@
 # (into <phase>/vs-baseline/; exit 1 on a regression).
 #
 # usage: scripts/gpu-report.sh PHASE [OUT_ROOT]
-# Environment: GEMTUNE (binary; default target/release/gemtune, built if missing),
+# Environment: GEMTUNE (binary; default cargo's release build, found by
+# scripts/gemtune-bin.sh),
 # GEMTUNE_BUDGET_MS (tune budget per cell, default 100), MODELS (where synthetic
 # models are written, default target/gemtune/models), AB_REPS (default 12),
 # BASELINE_ROOT (see above).
@@ -48,10 +49,7 @@ fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
     tr 'A-Z' 'a-z' | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/-/g' -e 's/-$//')
 root=${2:-reports/$(date -u +%Y-%m-%d)-${gpu:-nogpu}}
-bin=${GEMTUNE:-target/release/gemtune}
-if [[ ! -x $bin ]]; then
-    cargo build --release --locked -p gemtune
-fi
+bin=$(scripts/gemtune-bin.sh --release)
 budget=${GEMTUNE_BUDGET_MS:-100}
 models=${MODELS:-target/gemtune/models}
 mkdir -p "$root" "$models"

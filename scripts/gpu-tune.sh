@@ -15,7 +15,8 @@
 #                 (attn-prefill / attn-decode: one of the two, for one 10-minute slot each)
 #   rows          tune the row-wise families on elementwise_tune.toml (dram)
 #   all           every phase above (needs more than one 10-minute slot)
-# Environment: GEMTUNE (binary; default target/release/gemtune, built if missing),
+# Environment: GEMTUNE (binary; default cargo's release build, found by
+# scripts/gemtune-bin.sh),
 # GEMTUNE_BUDGET_MS (timing budget per cell, default 150).
 set -euo pipefail
 
@@ -38,10 +39,7 @@ if ! python3 -c 'import ctypes; ctypes.CDLL("libcublas.so.13")' 2>/dev/null; the
     echo "gpu-tune: libcublas.so.13 not found (pip install nvidia-cublas): reference rows will say 'unavailable'" >&2
 fi
 
-bin=${GEMTUNE:-target/release/gemtune}
-if [[ ! -x "$bin" ]]; then
-    cargo build --release -p gemtune
-fi
+bin=$(scripts/gemtune-bin.sh --release)
 budget=${GEMTUNE_BUDGET_MS:-150}
 tune=("$bin" tune --budget-ms "$budget" --min-reps 10 --max-reps 100 --check-max-m 128)
 

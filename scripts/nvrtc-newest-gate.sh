@@ -6,23 +6,22 @@
 # the 255-register ceiling can start spilling; this catches it before users
 # with a newer toolkit do.
 #   scripts/nvrtc-newest-gate.sh
-# Environment: GEMTUNE (binary; default: cargo build, then target/debug/gemtune),
-# NVRTC_NEWEST_DIR (default target/nvrtc-newest), NVRTC_NEWEST_SPEC (default
+# Its cubins are cached in target/gemtune/nvrtc-newest-cubin (the newest
+# compiler's own cache, inside the checkout) and pip keeps no download cache.
+# Environment: GEMTUNE (binary; default: cargo's debug build, found by
+# scripts/gemtune-bin.sh, so CARGO_TARGET_DIR is honoured), NVRTC_NEWEST_DIR
+# (default target/nvrtc-newest), NVRTC_NEWEST_SPEC (default
 # "nvidia-cuda-nvrtc>=13,<14").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${NVRTC_NEWEST_DIR:-target/nvrtc-newest}
 spec=${NVRTC_NEWEST_SPEC:-nvidia-cuda-nvrtc>=13,<14}
 rm -rf "$dir"
-python3 -m pip install --quiet --disable-pip-version-check --target "$dir" "$spec" >&2
+python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir --target "$dir" "$spec" >&2
 lib=$(ls -d "$PWD/$dir"/nvidia/cu13/lib)
 version=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from importlib.metadata import version; print(version("nvidia-cuda-nvrtc"))' "$dir" 2>/dev/null || echo '?')
-if [[ -n ${GEMTUNE:-} ]]; then
-    bin=$GEMTUNE
-else
-    cargo build --quiet --locked -p gemtune
-    bin=target/debug/gemtune
-fi
+bin=$(scripts/gemtune-bin.sh)
+export GEMTUNE_CACHE_DIR=$PWD/target/gemtune/nvrtc-newest-cubin
 out=target/gemtune/nvrtc-newest
 rm -rf "$out"
 mkdir -p "$out"

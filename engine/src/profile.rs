@@ -26,14 +26,17 @@
 //! whose weights have that type, and wins over the plain name. Defines bound to the call site (`WTYPE`, `KV_TYPE`, the output
 //! format `OUT`) are never written in a profile: the engine sets them.
 //! Profiles are data: the engine embeds the committed ones and reads any
-//! other from a path, and validates every choice against its family (and
-//! the device) when it plans a model.
+//! other from a path. Reading one checks what needs no model or device
+//! (slot names, registered families, declared and unbound defines,
+//! fallback chains), every error naming `FILE:LINE`; the engine validates
+//! each choice against its family and the device when it plans a model.
 
 use crate::cuda::slots::Slot;
 use gemtune_kernels::defines::{DefineValue, Defines};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
+use toml::de::{DeTable, DeValue};
 
 /// A profile as written in its file.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -99,46 +102,191 @@ pub struct Profile {
     pub kv_type: Option<String>,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
+    /// Where each slot entry was written, `FILE:LINE` (an entry inherited
+    /// from the base keeps the base's), for messages about its choice.
+    pub origins: BTreeMap<String, String>,
 }
 
+/// A profile that cannot be used. `at` is `FILE:LINE` of the offending
+/// key (`FILE:LINE:COL` for a syntax error), or the profile's source
+/// where no single key is at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    #[error("{source_name}: {msg}")]
-    Parse { source_name: String, msg: String },
+    #[error("{at}: {msg}")]
+    Parse { at: String, msg: String },
     #[error("unknown profile '{name}': the committed profiles are {known}; or pass a path to a .toml file")]
     Unknown { name: String, known: String },
-    #[error("{profile}: slot '{slot}' is not an engine slot (slots: {known})")]
+    #[error("{at}: slot '{slot}' is not an engine slot (slots: {known})")]
     UnknownSlot {
-        profile: String,
+        at: String,
         slot: String,
         known: String,
     },
-    #[error("{profile}: slot '{slot}' names fallback '{fallback}', which has no [fallback.{fallback}] table")]
+    #[error(
+        "{at}: {owner} names family '{family}', which is not a kernel family (families: {known})"
+    )]
+    UnknownFamily {
+        at: String,
+        owner: String,
+        family: String,
+        known: String,
+    },
+    #[error("{at}: {owner} sets {define}, which {family} does not declare (its defines: {known})")]
+    UndeclaredDefine {
+        at: String,
+        owner: String,
+        family: String,
+        define: String,
+        known: String,
+    },
+    #[error(
+        "{at}: slot '{slot}' names fallback '{fallback}', which has no [fallback.{fallback}] table"
+    )]
     MissingFallback {
-        profile: String,
+        at: String,
         slot: String,
         fallback: String,
     },
-    #[error("{profile}: the fallback chain from slot '{slot}' comes back to '{fallback}'")]
+    #[error("{at}: the fallback chain from slot '{slot}' comes back to '{fallback}'")]
     FallbackCycle {
-        profile: String,
+        at: String,
         slot: String,
         fallback: String,
     },
-    #[error("{profile}: slot '{slot}' sets {define}, which the engine binds at each call site")]
+    #[error("{at}: {owner} sets {define}, which the engine binds at each call site")]
     BoundDefine {
-        profile: String,
-        slot: String,
+        at: String,
+        owner: String,
         define: String,
     },
-    #[error("{profile}: no choice for slot '{slot}' (nor for its group '{group}')")]
+    #[error(
+        "{at}: profile {profile} has no choice for slot '{slot}' (nor for its group '{group}')"
+    )]
     Unserved {
+        at: String,
         profile: String,
         slot: String,
         group: String,
     },
     #[error("{path}: cannot read: {err}")]
     Io { path: String, err: String },
+}
+
+/// The families a profile may name besides the kernel families: the
+/// vendor GEMM arm, which takes no defines.
+pub const VENDOR_FAMILIES: &[&str] = &[crate::cuda::planner::VENDOR_BF16];
+
+/// Finds keys of a profile's text, for `FILE:LINE` in messages.
+struct Locator<'t> {
+    source: &'t str,
+    text: &'t str,
+    doc: Option<toml::Spanned<DeTable<'t>>>,
+}
+
+impl<'t> Locator<'t> {
+    fn new(source: &'t str, text: &'t str) -> Locator<'t> {
+        Locator {
+            source,
+            text,
+            doc: DeTable::parse(text).ok(),
+        }
+    }
+
+    /// `SOURCE:LINE:COL` of a byte offset.
+    fn offset(&self, at: usize) -> String {
+        let before = self.text.get(..at).unwrap_or(self.text);
+        let line = before.matches('\n').count() + 1;
+        let col = before
+            .rfind('\n')
+            .map_or(before.len(), |p| before.len() - p - 1)
+            + 1;
+        format!("{}:{line}:{col}", self.source)
+    }
+
+    /// `SOURCE:LINE` of the deepest key of `path` (e.g. `slot`, `gemv`,
+    /// `defines`, `ALGO`) that the text has; `SOURCE` when not even the
+    /// first is there.
+    fn key(&self, path: &[&str]) -> String {
+        let mut found = None;
+        let mut table = self.doc.as_ref().map(|d| d.get_ref());
+        for k in path {
+            let Some((key, value)) = table.and_then(|t| t.get_key_value(*k)) else {
+                break;
+            };
+            found = Some(key.span().start);
+            table = match value.get_ref() {
+                DeValue::Table(t) => Some(t),
+                _ => None,
+            };
+        }
+        match found {
+            Some(at) => {
+                let at = self.offset(at);
+                at.rsplit_once(':')
+                    .map_or(at.clone(), |(l, _)| l.to_string())
+            }
+            None => self.source.to_string(),
+        }
+    }
+}
+
+/// Checks a choice's family and defines: a registered family (or the
+/// vendor arm, without defines), every define declared by its source and
+/// none of those the engine binds. `table` is `slot` or `fallback`.
+fn check_choice(
+    loc: &Locator<'_>,
+    table: &str,
+    name: &str,
+    family: &str,
+    defines: &BTreeMap<String, DefineValue>,
+) -> Result<(), ProfileError> {
+    let owner = match table {
+        "slot" => format!("slot '{name}'"),
+        _ => format!("[fallback.{name}]"),
+    };
+    if let Some(d) = defines.keys().find(|d| BOUND_DEFINES.contains(&d.as_str())) {
+        return Err(ProfileError::BoundDefine {
+            at: loc.key(&[table, name, "defines", d]),
+            owner,
+            define: d.clone(),
+        });
+    }
+    let Some(fam) = gemtune_kernels::family::family(family) else {
+        if VENDOR_FAMILIES.contains(&family) {
+            if let Some(d) = defines.keys().next() {
+                return Err(ProfileError::UndeclaredDefine {
+                    at: loc.key(&[table, name, "defines", d]),
+                    owner,
+                    family: family.to_string(),
+                    define: d.clone(),
+                    known: "none".into(),
+                });
+            }
+            return Ok(());
+        }
+        let known: Vec<&str> = gemtune_kernels::family::families()
+            .iter()
+            .map(|f| f.name())
+            .chain(VENDOR_FAMILIES.iter().copied())
+            .collect();
+        return Err(ProfileError::UnknownFamily {
+            at: loc.key(&[table, name, "family"]),
+            owner,
+            family: family.to_string(),
+            known: known.join(", "),
+        });
+    };
+    let declared = fam.declared_defines();
+    if let Some(d) = defines.keys().find(|d| !declared.contains(d)) {
+        return Err(ProfileError::UndeclaredDefine {
+            at: loc.key(&[table, name, "defines", d]),
+            owner,
+            family: format!("{} ({})", fam.name(), fam.source_file()),
+            define: d.clone(),
+            known: declared.join(", "),
+        });
+    }
+    Ok(())
 }
 
 /// Defines the engine sets per call site; a profile must not.
@@ -226,14 +374,17 @@ impl Profile {
 
     /// Parses a profile; `base` profiles are resolved among the committed ones.
     pub fn parse(source: &str, text: &str) -> Result<Profile, ProfileError> {
+        let loc = Locator::new(source, text);
         let f: ProfileFile = toml::from_str(text).map_err(|e| ProfileError::Parse {
-            source_name: source.to_string(),
-            msg: e.to_string(),
+            at: e
+                .span()
+                .map_or_else(|| source.to_string(), |s| loc.offset(s.start)),
+            msg: e.message().trim().to_string(),
         })?;
         let mut p = match &f.base {
             Some(b) if b == &f.name => {
                 return Err(ProfileError::Parse {
-                    source_name: source.to_string(),
+                    at: loc.key(&["base"]),
                     msg: format!("profile '{b}' names itself as its base"),
                 })
             }
@@ -245,6 +396,7 @@ impl Profile {
                 kv_type: None,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
+                origins: BTreeMap::new(),
             },
         };
         p.name = f.name.clone();
@@ -254,12 +406,13 @@ impl Profile {
             p.kv_type = f.kv_type.clone();
         }
         for (k, v) in f.fallback {
+            check_choice(&loc, "fallback", &k, &v.family, &v.defines)?;
             p.fallbacks.insert(k, v);
         }
         for (slot, c) in f.slot {
             if !known_slot(&slot) {
                 return Err(ProfileError::UnknownSlot {
-                    profile: f.name.clone(),
+                    at: loc.key(&["slot", &slot]),
                     slot,
                     known: Slot::served()
                         .map(|s| s.name())
@@ -267,27 +420,24 @@ impl Profile {
                         .join(", "),
                 });
             }
+            check_choice(&loc, "slot", &slot, &c.family, &c.defines)?;
+            p.origins.insert(slot.clone(), loc.key(&["slot", &slot]));
             p.slots.insert(slot, c);
         }
         for (slot, c) in &p.slots {
-            if let Some(d) = c
-                .defines
-                .keys()
-                .find(|d| BOUND_DEFINES.contains(&d.as_str()))
-            {
-                return Err(ProfileError::BoundDefine {
-                    profile: p.name.clone(),
-                    slot: slot.clone(),
-                    define: d.clone(),
-                });
-            }
             // Every fallback of the chain exists, and the chain ends.
+            let at = || {
+                p.origins
+                    .get(slot)
+                    .cloned()
+                    .unwrap_or_else(|| source.to_string())
+            };
             let mut seen: Vec<&str> = Vec::new();
             let mut next = c.fallback.as_deref();
             while let Some(fb) = next {
                 if seen.contains(&fb) {
                     return Err(ProfileError::FallbackCycle {
-                        profile: p.name.clone(),
+                        at: at(),
                         slot: slot.clone(),
                         fallback: fb.to_string(),
                     });
@@ -295,7 +445,7 @@ impl Profile {
                 seen.push(fb);
                 let Some(f) = p.fallbacks.get(fb) else {
                     return Err(ProfileError::MissingFallback {
-                        profile: p.name.clone(),
+                        at: at(),
                         slot: slot.clone(),
                         fallback: fb.to_string(),
                     });
@@ -317,18 +467,43 @@ impl Profile {
     /// The choice serving `slot` for weights of type `wtype` (matmul
     /// slots): `slot@TYPE`, `slot`, `group@TYPE`, then `group`.
     pub fn choice_for(&self, slot: &str, wtype: Option<&str>) -> Result<&SlotChoice, ProfileError> {
-        let typed = |k: &str| {
-            wtype.and_then(|w| self.slots.get(&format!("{k}@{}", w.to_ascii_uppercase())))
-        };
-        typed(slot)
-            .or_else(|| self.slots.get(slot))
-            .or_else(|| typed(slot_group(slot)))
-            .or_else(|| self.slots.get(slot_group(slot)))
+        let key = self
+            .entry_for(slot, wtype)
             .ok_or_else(|| ProfileError::Unserved {
+                at: self.source.clone(),
                 profile: self.name.clone(),
                 slot: slot.to_string(),
                 group: slot_group(slot).to_string(),
-            })
+            })?;
+        self.slots.get(key).ok_or_else(|| ProfileError::Unserved {
+            at: self.source.clone(),
+            profile: self.name.clone(),
+            slot: slot.to_string(),
+            group: slot_group(slot).to_string(),
+        })
+    }
+
+    /// The key of the `[slot.KEY]` entry serving `slot` for weights of
+    /// type `wtype`, in `choice_for`'s order.
+    pub fn entry_for(&self, slot: &str, wtype: Option<&str>) -> Option<&str> {
+        let typed = |k: &str| wtype.map(|w| format!("{k}@{}", w.to_ascii_uppercase()));
+        [
+            typed(slot),
+            Some(slot.to_string()),
+            typed(slot_group(slot)),
+            Some(slot_group(slot).to_string()),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|k| self.slots.get_key_value(&k).map(|(k, _)| k.as_str()))
+    }
+
+    /// `FILE:LINE` of the entry serving `slot` for `wtype` (the profile's
+    /// source when unknown).
+    pub fn origin_of(&self, slot: &str, wtype: Option<&str>) -> &str {
+        self.entry_for(slot, wtype)
+            .and_then(|k| self.origins.get(k))
+            .map_or(self.source.as_str(), String::as_str)
     }
 }
 
@@ -375,6 +550,29 @@ mod tests {
             Profile::load("nope"),
             Err(ProfileError::Unknown { .. })
         ));
+    }
+
+    #[test]
+    fn errors_and_origins_name_the_file_and_line() {
+        let text = "name = \"x\"\nbase = \"main\"\n\n[slot.gemv]\nfamily = \"gemv\"\ndefines = { ALGO = 0 }\n";
+        let p = Profile::parse("x.toml", text).expect("parses");
+        assert_eq!(p.origin_of("gemv.qkv", Some("Q8_0")), "x.toml:4");
+        assert_eq!(p.origin_of("gemv.qkv", Some("Q4_0")), "builtin:main:29");
+        let e = Profile::parse("x.toml", &text.replace("\"gemv\"\n", "\"gemvv\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("x.toml:5: slot 'gemv' names family 'gemvv'"),
+            "{e}"
+        );
+        let e = Profile::parse("x.toml", &text.replace("ALGO", "ALGOO"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("x.toml:6: slot 'gemv' sets ALGOO"), "{e}");
+        let e = Profile::parse("x.toml", &text.replace("[slot.gemv]", "[slot.gemv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("x.toml:4:"), "{e}");
     }
 
     #[test]

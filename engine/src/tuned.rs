@@ -67,11 +67,16 @@ pub struct TunedFile {
 }
 
 impl TunedFile {
-    /// Parses a tuned table (`path` names it in errors).
+    /// Parses a tuned table (`path` names it in errors, with the line of
+    /// the offending entry): its schema version, and for every entry a
+    /// registered family and defines its source declares.
     pub fn parse(path: &str, text: &str) -> Result<TunedFile, TunedError> {
         let f: TunedFile = toml::from_str(text).map_err(|e| TunedError {
-            path: path.to_string(),
-            msg: e.to_string(),
+            path: match e.span() {
+                Some(s) => format!("{path}:{}", line_of(text, s.start)),
+                None => path.to_string(),
+            },
+            msg: e.message().trim().to_string(),
         })?;
         if f.schema_version != TUNED_SCHEMA_VERSION {
             return Err(TunedError {
@@ -81,6 +86,42 @@ impl TunedFile {
                     f.schema_version
                 ),
             });
+        }
+        // `[[entry]]` headers in file order: entry i starts on line heads[i].
+        let heads: Vec<usize> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.trim() == "[[entry]]")
+            .map(|(i, _)| i + 1)
+            .collect();
+        for (i, e) in f.entries.iter().enumerate() {
+            let at = match heads.get(i) {
+                Some(l) => format!("{path}:{l}"),
+                None => path.to_string(),
+            };
+            let err = |msg: String| TunedError {
+                path: at.clone(),
+                msg: format!("entry {} ({} {}): {msg}", i + 1, e.family, e.shape),
+            };
+            let Some(fam) = gemtune_kernels::family::family(&e.family) else {
+                let known: Vec<&str> = gemtune_kernels::family::families()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect();
+                return Err(err(format!(
+                    "family '{}' is not a kernel family (families: {})",
+                    e.family,
+                    known.join(", ")
+                )));
+            };
+            let declared = fam.declared_defines();
+            if let Some(d) = e.defines.keys().find(|d| !declared.contains(d)) {
+                return Err(err(format!(
+                    "define {d} is not declared by {} (its defines: {})",
+                    fam.source_file(),
+                    declared.join(", ")
+                )));
+            }
         }
         Ok(f)
     }
@@ -113,6 +154,11 @@ impl TunedFile {
             .or_else(|| cands.iter().max_by_key(|e| e.m))
             .copied()
     }
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset).unwrap_or(text).matches('\n').count() + 1
 }
 
 /// A tuned table that could not be read.

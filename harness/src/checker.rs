@@ -58,7 +58,11 @@ enum Compiled {
 }
 
 pub struct CheckOptions {
+    /// What NVRTC compiles for and the nominal limits come from.
     pub arch: Arch,
+    /// The target as asked (`sm_90a` names the same compiles as `sm_90`):
+    /// what the rows record and the messages print.
+    pub target: String,
     pub compile_only: bool,
     pub cache: Option<PathBuf>,
     /// Cells whose m exceeds this are checked at m = cap instead (same n, k,
@@ -94,7 +98,7 @@ fn nvrtc_str(v: (i32, i32)) -> String {
     format!("{}.{}", v.0, v.1)
 }
 
-fn base_row(job: &FamilyJob, p: &Point, s: &Shape, arch: Arch, d: &Defines) -> CheckRow {
+fn base_row(job: &FamilyJob, p: &Point, s: &Shape, target: &str, d: &Defines) -> CheckRow {
     CheckRow {
         schema_version: crate::results::SCHEMA_VERSION,
         family: job.family.name().to_string(),
@@ -106,7 +110,7 @@ fn base_row(job: &FamilyJob, p: &Point, s: &Shape, arch: Arch, d: &Defines) -> C
         k: s.k,
         wtype: s.wtype_define(),
         problem: s.problem.describe(),
-        arch: arch.to_string(),
+        arch: target.to_string(),
         contract: crate::spec::family::contract_name(job.family.contract(d)).to_string(),
         defines: canonical(d),
         ..Default::default()
@@ -150,7 +154,7 @@ pub fn run_check(
             job.shapes.len(),
             cells.iter().filter(|c| c.outcome.is_err()).count(),
             unique.len(),
-            opts.arch
+            opts.target
         ));
         unique_of.push(unique);
     }
@@ -178,7 +182,7 @@ pub fn run_check(
         opts.stop,
         |done, total| progress(&format!("compile {done}/{total}")),
     );
-    progress(&report.summary(&format!("define sets for {}", opts.arch)));
+    progress(&report.summary(&format!("define sets for {}", opts.target)));
     let mut results: Vec<Option<Compiled>> = results
         .into_iter()
         .map(|r| {
@@ -205,7 +209,7 @@ pub fn run_check(
                     "same defines as {}",
                     p.duplicate_of.clone().unwrap_or_default()
                 ),
-                ..base_row(job, p, &job.shapes[0], opts.arch, &p.defines)
+                ..base_row(job, p, &job.shapes[0], &opts.target, &p.defines)
             };
             r.shape = "*".into();
             out.rows.push(r);
@@ -216,7 +220,7 @@ pub fn run_check(
             .collect();
 
         if opts.compile_only {
-            compile_only_rows(job, &cells, &compiled, opts.arch, &mut out);
+            compile_only_rows(job, &cells, &compiled, &opts.target, &mut out);
             continue;
         }
         let Some(gpu) = gpu else {
@@ -236,7 +240,7 @@ pub fn run_check(
         for c in order.iter().map(|&i| &cells[i]) {
             let p = &job.points[c.point];
             let s = &job.shapes[c.shape];
-            let mut row = base_row(job, p, s, opts.arch, &c.defines);
+            let mut row = base_row(job, p, s, &opts.target, &c.defines);
             if opts
                 .stop
                 .is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
@@ -407,7 +411,7 @@ fn compile_only_rows(
     job: &FamilyJob,
     cells: &[Cell],
     compiled: &BTreeMap<String, Compiled>,
-    arch: Arch,
+    target: &str,
     out: &mut CheckOutcome,
 ) {
     // (point, define set) -> (first accepted cell, count)
@@ -441,7 +445,7 @@ fn compile_only_rows(
         let c = &cells[*ci];
         let p = &job.points[*pi];
         let s = &job.shapes[c.shape];
-        let mut row = base_row(job, p, s, arch, &c.defines);
+        let mut row = base_row(job, p, s, target, &c.defines);
         row.shape = format!("{}: {count} shapes", s.wtype_define());
         row.m = 0;
         row.n = 0;
@@ -472,7 +476,7 @@ fn compile_only_rows(
                 row.verdict = "compile-error".into();
                 row.reason = first_lines(e, 12);
                 out.infra.push(format!(
-                    "{} {} [{key}]: compile failed for {arch}",
+                    "{} {} [{key}]: compile failed for {target}",
                     job.family.name(),
                     p.id
                 ));
@@ -485,7 +489,7 @@ fn compile_only_rows(
         let p = &job.points[pi];
         let s = &job.shapes[shapes[0]];
         let d = spec::resolve(p, s, &job.family.declared_defines());
-        let mut row = base_row(job, p, s, arch, &d);
+        let mut row = base_row(job, p, s, target, &d);
         let names: Vec<&str> = shapes
             .iter()
             .map(|&i| job.shapes[i].name.as_str())

@@ -22,15 +22,57 @@ pub fn unit_f32(s: &str) -> Result<f32, String> {
     Ok(v)
 }
 
-/// An integer >= 1 (`--batch`, `--ubatch`, `--ctx-size`).
+/// The integer in `s`, read wide enough that a negative or oversized value
+/// reaches the range check instead of failing as "invalid digit".
+fn integer(s: &str) -> Result<i128, String> {
+    s.trim()
+        .parse::<i128>()
+        .map_err(|_| format!("'{s}' is not an integer"))
+}
+
+/// An integer in `lo..=hi`, or the message naming that range as `what`.
+fn int_in<T: TryFrom<i128>>(s: &str, lo: i128, hi: i128, what: &str) -> Result<T, String> {
+    let v = integer(s)?;
+    if !(lo..=hi).contains(&v) {
+        return Err(format!("{s} is outside the accepted range: {what}"));
+    }
+    T::try_from(v).map_err(|_| format!("{s} is outside the accepted range: {what}"))
+}
+
+/// An integer >= 1 (`--batch`, `--ubatch`, `--ctx-size`, `--reps`).
 pub fn positive_usize(s: &str) -> Result<usize, String> {
-    let v: i64 = s.parse().map_err(|_| format!("'{s}' is not an integer"))?;
-    if v < 1 {
+    int_in(s, 1, usize::MAX as i128, "an integer >= 1")
+}
+
+/// An integer >= 0 (`--top-k`, `-n`/`--n-gen`, `--depth`, `--device`).
+pub fn count(s: &str) -> Result<usize, String> {
+    int_in(s, 0, usize::MAX as i128, "an integer >= 0")
+}
+
+/// An integer >= 1, as u64 (`--repetitions`, `--timeout-s`).
+pub fn positive_u64(s: &str) -> Result<u64, String> {
+    int_in(s, 1, u64::MAX as i128, "an integer >= 1")
+}
+
+/// Any u64 (`--seed`).
+pub fn seed(s: &str) -> Result<u64, String> {
+    int_in(
+        s,
+        0,
+        u64::MAX as i128,
+        "an integer from 0 to 18446744073709551615",
+    )
+}
+
+/// A finite float > 0 (`--budget-ms`).
+pub fn positive_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !v.is_finite() || v <= 0.0 {
         return Err(format!(
-            "{s} is outside the accepted range: an integer >= 1"
+            "{s} is outside the accepted range: a finite number > 0"
         ));
     }
-    Ok(v as usize)
+    Ok(v)
 }
 
 /// `-n`: tokens to generate, or `None` for "until the end of the context".
@@ -40,10 +82,13 @@ pub struct NPredict(pub Option<usize>);
 /// `-n`: an integer >= 0, or -1 for "until the end of the context"
 /// (llama.cpp's convention).
 pub fn n_predict(s: &str) -> Result<NPredict, String> {
-    let v: i64 = s.parse().map_err(|_| format!("'{s}' is not an integer"))?;
-    match v {
+    match integer(s)? {
         -1 => Ok(NPredict(None)),
-        v if v >= 0 => Ok(NPredict(Some(v as usize))),
+        v if v >= 0 => usize::try_from(v).map(|n| NPredict(Some(n))).map_err(|_| {
+            format!(
+                "{s} is outside the accepted range: an integer >= 0, or -1 for the whole context"
+            )
+        }),
         _ => Err(format!(
             "{s} is outside the accepted range: an integer >= 0, or -1 for the whole context"
         )),

@@ -1,14 +1,20 @@
 //! The engine flags `run`, `logits` and `bench` share, and the one place
 //! that turns them into an engine (CPU or CUDA) behind `Engine`.
+//!
+//! The kernel profile and the tuned table are read and checked on every
+//! backend: the CPU engine never launches a kernel, but a profile that the
+//! CUDA engine would refuse is refused here too (`crate::choices`), so a
+//! typo fails the same way on a laptop as on the GPU host.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use gemtune_engine::cpu::{CpuEngine, CpuOptions};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
 use gemtune_engine::engine::Engine;
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;
+use gemtune_engine::tuned::TunedFile;
 use gemtune_kernels::family::KvType;
 
 /// Which forward implementation runs the model.
@@ -55,62 +61,96 @@ pub struct CudaArgs {
     /// Tuned table to read instead of the committed one for the device.
     #[arg(long)]
     pub tuned: Option<PathBuf>,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// CUDA device ordinal (default 0); must exist on every backend.
+    #[arg(long, value_parser = crate::cli::count)]
+    pub device: Option<usize>,
 }
 
-/// Whether a CUDA GPU can be opened (the `auto` backend's test).
-pub fn gpu_present() -> bool {
-    gemtune_kernels::gpu::Gpu::new(0).is_ok()
-}
-
-/// Resolves `auto` to a runnable backend.
-pub fn resolve_backend(b: Backend) -> Backend {
-    match b {
-        Backend::Auto if gpu_present() => Backend::Cuda,
-        Backend::Auto => Backend::Cpu,
-        other => other,
+impl CudaArgs {
+    pub fn device(&self) -> usize {
+        self.device.unwrap_or(0)
     }
 }
 
+/// Why CUDA device `ordinal` cannot be used (no driver, no GPU, no such
+/// ordinal), or `Ok` when the driver reports it. Opens no context.
+pub fn gpu_status(ordinal: usize) -> Result<(), String> {
+    match gemtune_kernels::gpu::device_count() {
+        Ok(n) if ordinal < n => Ok(()),
+        Ok(0) => Err("no CUDA GPU: the driver reports no device".into()),
+        Ok(n) => Err(format!(
+            "no CUDA device {ordinal}: the driver reports {n} (ordinals 0 to {})",
+            n - 1
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `auto` resolved to a runnable backend, with the reason when `auto`
+/// fell back to the CPU.
+pub fn resolve_backend(b: Backend, ordinal: usize) -> (Backend, Option<String>) {
+    match b {
+        Backend::Auto => match gpu_status(ordinal) {
+            Ok(()) => (Backend::Cuda, None),
+            Err(why) => (Backend::Cpu, Some(why)),
+        },
+        other => (other, None),
+    }
+}
+
+/// The profile and tuned table `cuda` names, read and checked whatever the
+/// backend (errors name the file and line).
+pub fn load_choices(cuda: &CudaArgs) -> anyhow::Result<(Profile, Option<TunedFile>)> {
+    let profile = Profile::load(&cuda.profile)?;
+    let tuned = cuda
+        .tuned
+        .as_deref()
+        .map(gemtune_engine::tuned::read)
+        .transpose()?;
+    Ok((profile, tuned))
+}
+
 /// Builds the engine for `backend` over `model` with room for `max_seq`
-/// positions and prefill chunks of `ubatch` tokens.
+/// positions; the CPU engine batches `cpu_batch` tokens, the CUDA engine
+/// prefills in chunks of `cuda_ubatch` (the chunk the CPU-side check of
+/// the kernel choices plans at too).
 pub fn build_engine<'m>(
     model: &'m Model,
     backend: Backend,
     cuda: &CudaArgs,
     max_seq: usize,
-    ubatch: usize,
+    cpu_batch: usize,
+    cuda_ubatch: usize,
 ) -> anyhow::Result<Box<dyn Engine + 'm>> {
-    match resolve_backend(backend) {
+    let (profile, tuned) = load_choices(cuda)?;
+    match resolve_backend(backend, cuda.device()).0 {
         Backend::Cpu => {
+            if let Some(d) = cuda.device {
+                if let Err(why) = gpu_status(d) {
+                    bail!("--device {d}: {why}");
+                }
+            }
             if cuda.profile_phases {
                 bail!("--profile-phases measures GPU phases; it needs --backend cuda");
             }
+            crate::choices::check(model, &profile, tuned.as_ref(), max_seq, cuda_ubatch)?;
             Ok(Box::new(CpuEngine::new(
                 model,
                 CpuOptions {
                     max_seq,
-                    max_batch: ubatch.max(1),
+                    max_batch: cpu_batch.max(1),
                 },
             )?))
         }
         _ => {
-            let profile = Profile::load(&cuda.profile)?;
             let mut o = CudaOptions::new(profile);
             o.max_seq = max_seq;
-            o.ubatch = ubatch.max(1);
+            o.ubatch = cuda_ubatch.max(1);
             o.kv_type = cuda.kv_type.map(KvType::from);
             o.graph = !cuda.no_graph;
             o.phases = cuda.profile_phases;
-            o.device = cuda.device;
-            if let Some(p) = &cuda.tuned {
-                o.tuned = Some(
-                    gemtune_engine::tuned::read(p)
-                        .with_context(|| format!("reading the tuned table {}", p.display()))?,
-                );
-            }
+            o.device = cuda.device();
+            o.tuned = tuned;
             Ok(Box::new(CudaEngine::new(model, o)?))
         }
     }

@@ -11,6 +11,8 @@ pub enum Exit {
     Correctness = 3,
     /// No GPU, compile failure of a required variant, bad input file.
     Infra = 4,
+    /// Stopped by SIGINT or SIGTERM (`gemtune::interrupt`).
+    Interrupted = gemtune::interrupt::INTERRUPTED as isize,
 }
 
 impl From<Exit> for ExitCode {

@@ -8,6 +8,7 @@ pub mod attn_summary;
 pub mod checker;
 pub mod compare;
 pub mod hash;
+pub mod interrupt;
 pub mod plots;
 pub mod references;
 pub mod report;

@@ -3,9 +3,10 @@
 //! Exit codes (shared by every subcommand): 0 pass, 1 performance regression,
 //! 2 ambiguous, 3 correctness failure, 4 infrastructure error or bad input.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
+mod choices;
 mod cli;
 mod cmd;
 mod engine_opts;
@@ -53,10 +54,30 @@ enum Command {
     Report(cmd::report::Args),
 }
 
+/// The command line, with every option value allowed to start with '-'
+/// when it reads as a number: `--min-effect -0.1` reaches the flag's own
+/// range check instead of failing as an unknown argument `-0`.
+fn command() -> clap::Command {
+    Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|a| {
+            if a.get_action().takes_values() {
+                a.allow_negative_numbers(true)
+            } else {
+                a
+            }
+        })
+    })
+}
+
+fn parse(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    let m = command().try_get_matches_from(args)?;
+    Cli::from_arg_matches(&m)
+}
+
 fn main() -> ExitCode {
     // Usage errors exit 4 (bad input), not clap's 2, which scripts would
     // read as "ambiguous"; --help and --version exit 0.
-    let cli = match Cli::try_parse_from(cli::normalize_args(std::env::args_os())) {
+    let cli = match parse(cli::normalize_args(std::env::args_os())) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -82,6 +103,7 @@ fn main() -> ExitCode {
         Command::Ab(a) => cmd::ab::run(a),
         Command::Report(a) => cmd::report::run(a),
     };
+    gemtune::interrupt::settle();
     // Compile recoveries (retries for a complete ptxas report, cubin
     // fallbacks, cache write failures) are counted, then told once here.
     if let Some(line) = gemtune_kernels::compile::take_recoveries().summary() {
@@ -93,5 +115,49 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             Exit::Infra.into()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option that takes a value, given a negative number, either
+    /// accepts it or refuses it with its own message: never as an unknown
+    /// argument, never as clap's "invalid digit".
+    #[test]
+    fn every_option_reads_negative_numbers_as_values() {
+        let cmd = command();
+        let mut seen = 0;
+        for sub in cmd.get_subcommands() {
+            for a in sub.get_arguments() {
+                let Some(long) = a.get_long() else { continue };
+                if !a.get_action().takes_values() {
+                    continue;
+                }
+                for v in ["-1", "-0.5"] {
+                    seen += 1;
+                    let args: Vec<std::ffi::OsString> =
+                        ["gemtune", sub.get_name(), &format!("--{long}"), v]
+                            .iter()
+                            .map(std::ffi::OsString::from)
+                            .collect();
+                    let Err(e) = parse(args) else { continue };
+                    let text = e.to_string();
+                    assert_ne!(
+                        e.kind(),
+                        clap::error::ErrorKind::UnknownArgument,
+                        "{} --{long} {v}: {text}",
+                        sub.get_name()
+                    );
+                    assert!(
+                        !text.contains("invalid digit"),
+                        "{} --{long} {v}: {text}",
+                        sub.get_name()
+                    );
+                }
+            }
+        }
+        assert!(seen > 40, "only {seen} options were tried");
     }
 }

@@ -1,7 +1,9 @@
 //! The CLI contract, from the built binary: every exit code of the README's
 //! table, usage errors as exit 4, each validated flag at and past its
-//! bounds, the llama.cpp spellings, NVRTC failing fast, `--arch` against
-//! what NVRTC targets, and reports kept out of the source tree.
+//! bounds (negative values reach the flag's own range message), the
+//! llama.cpp spellings, NVRTC failing fast, `--arch` against what NVRTC
+//! targets and recorded as asked, a shapes file's wrong key named, the
+//! main command's first line, and reports kept out of the source tree.
 
 mod common;
 
@@ -60,14 +62,50 @@ fn readme_exit_codes() -> Vec<i32> {
 /// profiles `main` and `cand`; `env` sets the fake worker's knobs.
 fn fake_ab(env: &[(&str, &str)]) -> Output {
     let lab = tempfile::tempdir().unwrap();
-    let prof = lab.path().join("variants/profiles");
+    fake_ab_command(lab.path(), env)
+        .output()
+        .expect("spawn gemtune")
+}
+
+/// `fake_ab` with the candidate hanging in the numerics gate, stopped by
+/// SIGINT once it hangs.
+#[cfg(unix)]
+fn interrupted_ab() -> Output {
+    let lab = tempfile::tempdir().unwrap();
+    let mark = lab.path().join("hang.mark");
+    let child = fake_ab_command(
+        lab.path(),
+        &[
+            ("FAKE_HANG_ON_CAND", "logits"),
+            ("FAKE_HANG_MARK", mark.to_str().unwrap()),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn gemtune");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !mark.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(mark.exists(), "the candidate never reached the gate");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("kill -INT");
+    child.wait_with_output().expect("wait for gemtune")
+}
+
+fn fake_ab_command(dir: &Path, env: &[(&str, &str)]) -> std::process::Command {
+    let prof = dir.join("variants/profiles");
     std::fs::create_dir_all(&prof).unwrap();
     // variants/ is recognised by its profiles/ and shapes/ folders.
-    std::fs::create_dir_all(lab.path().join("variants/shapes")).unwrap();
+    std::fs::create_dir_all(dir.join("variants/shapes")).unwrap();
     for p in ["main", "cand"] {
         std::fs::write(prof.join(format!("{p}.toml")), "# fake\n").unwrap();
     }
-    let worker = lab.path().join("fake_worker.py");
+    let worker = dir.join("fake_worker.py");
     std::fs::copy(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_worker.py"),
         &worker,
@@ -78,9 +116,9 @@ fn fake_ab(env: &[(&str, &str)]) -> Output {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&worker, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let out = lab.path().join("out");
-    common::gemtune()
-        .current_dir(lab.path())
+    let out = dir.join("out");
+    let mut c = common::gemtune();
+    c.current_dir(dir)
         .args([
             "ab",
             "--baseline",
@@ -93,16 +131,15 @@ fn fake_ab(env: &[(&str, &str)]) -> Output {
         .args(["-p", "64", "-n", "8", "--reps", "8", "--quiet"])
         .args(["--gate-lengths", "5,17", "--out"])
         .arg(&out)
-        .env("FAKE_COUNTER", lab.path().join("counter"))
-        .envs(env.iter().copied())
-        .output()
-        .expect("spawn gemtune")
+        .env("FAKE_COUNTER", dir.join("counter"))
+        .envs(env.iter().copied());
+    c
 }
 
 #[test]
 fn every_exit_code_in_the_readme_table_comes_from_the_binary() {
     let codes = readme_exit_codes();
-    assert_eq!(codes, vec![0, 1, 2, 3, 4], "README exit-code table");
+    assert_eq!(codes, vec![0, 1, 2, 3, 4, 130], "README exit-code table");
     for code in codes {
         let o = match code {
             0 => gemtune(&["--version"]),
@@ -130,6 +167,8 @@ fn every_exit_code_in_the_readme_table_comes_from_the_binary() {
             2 => fake_ab(&[("FAKE_NOISE", "0.2"), ("FAKE_SEED", "3")]),
             3 => fake_ab(&[("FAKE_LOGIT_DELTA_CAND", "5")]),
             4 => gemtune(&["run", "--no-such-flag"]),
+            #[cfg(unix)]
+            130 => interrupted_ab(),
             other => panic!("README lists exit code {other}, which has no scenario here"),
         };
         assert_eq!(o.status.code(), Some(code), "{}", log(&o));
@@ -184,6 +223,12 @@ fn values_are_validated_at_parse_time_naming_the_flag() {
         (&["run", "-p", "x", "-b", "0"][..], "--batch"),
         (&["run", "-p", "x", "--ubatch", "0"][..], "--ubatch"),
         (&["run", "-p", "x", "--seed", "-1"][..], "--seed"),
+        (&["bench", "-n", "-1"][..], "--n-gen"),
+        (&["check", "--tokens", "8,-1"][..], "--tokens"),
+        (
+            &["logits", "--tokens", "2", "--out", "x", "--device", "-1"][..],
+            "--device",
+        ),
         (&["bench", "-r", "0"][..], "--repetitions"),
         (
             &["ab", "--baseline", "a", "--candidate", "b", "--reps", "5"][..],
@@ -402,4 +447,209 @@ fn default_reports_leave_the_checkout_clean() {
     );
     let after = status();
     assert_eq!(before, after, "git status changed");
+}
+
+/// Negative input reaches each flag's own range check: never clap's
+/// "unexpected argument '-0'" nor "invalid digit".
+#[test]
+fn negative_values_get_the_flags_range_message() {
+    for (args, flag, range) in [
+        (
+            &[
+                "ab",
+                "--baseline",
+                "a",
+                "--candidate",
+                "b",
+                "--min-effect",
+                "-0.1",
+            ][..],
+            "--min-effect",
+            "(0, 0.5)",
+        ),
+        (
+            &[
+                "report",
+                "--baseline",
+                "a.csv",
+                "--current",
+                "b.csv",
+                "--floor",
+                "-1",
+            ][..],
+            "--floor",
+            "[0, 1)",
+        ),
+        (
+            &["tune", "softcap", "--budget-ms", "-1"][..],
+            "--budget-ms",
+            "a finite number > 0",
+        ),
+        (
+            &["run", "-p", "x", "--top-k", "-3"][..],
+            "--top-k",
+            "an integer >= 0",
+        ),
+        (
+            &["run", "-p", "x", "-s", "-1"][..],
+            "--seed",
+            "an integer from 0 to 18446744073709551615",
+        ),
+        (
+            &["bench", "-r", "-2"][..],
+            "--repetitions",
+            "an integer >= 1",
+        ),
+        (
+            &["ab", "--baseline", "a", "--candidate", "b", "--reps", "-8"][..],
+            "--reps",
+            "an even number",
+        ),
+    ] {
+        let o = gemtune(args);
+        assert_eq!(o.status.code(), Some(4), "{args:?}: {}", log(&o));
+        let err = text(&o.stderr);
+        assert!(
+            err.contains(flag) && err.contains(range),
+            "{args:?}: wanted {flag} and `{range}`: {}",
+            log(&o)
+        );
+        assert!(
+            !err.contains("unexpected argument") && !err.contains("invalid digit"),
+            "{args:?}: {}",
+            log(&o)
+        );
+    }
+}
+
+/// A misspelt key in a shapes file is the key the error names.
+#[test]
+fn a_shapes_file_typo_names_the_wrong_key() {
+    require_nvrtc();
+    let d = tempfile::tempdir().unwrap();
+    let shapes = d.path().join("typo.toml");
+    std::fs::write(
+        &shapes,
+        "[tokens]\nN = [1, 8]\n\n[shapes]\nsoftcap.x = { m = \"N\", widht = 128 }\n",
+    )
+    .unwrap();
+    let o = gemtune(&[
+        "check",
+        "softcap",
+        "--compile-only",
+        "--shapes",
+        shapes.to_str().unwrap(),
+        "--out",
+        d.path().join("out").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{}", log(&o));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!("{}:5:", shapes.display()))
+            && err.contains("unknown key `widht`")
+            && err.contains("did you mean `width`?"),
+        "{}",
+        log(&o)
+    );
+    assert!(!err.contains("unknown key `m`"), "{}", log(&o));
+}
+
+/// `--arch sm_90a` is what the rows record and the progress prints.
+#[test]
+fn the_arch_asked_for_is_the_arch_recorded() {
+    require_nvrtc();
+    let d = tempfile::tempdir().unwrap();
+    for arch in ["sm_90a", "sm_90"] {
+        let out = d.path().join(arch);
+        let o = gemtune(&[
+            "check",
+            "softcap",
+            "--compile-only",
+            "--arch",
+            arch,
+            "--shape",
+            "softcap.edge",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{arch}: {}", log(&o));
+        assert!(
+            text(&o.stderr).contains(&format!("define sets for {arch}\n")),
+            "{arch}: {}",
+            log(&o)
+        );
+        let rows: Vec<gemtune::results::CheckRow> =
+            gemtune::results::read_csv(&out.join("check.csv")).expect("check.csv");
+        assert!(!rows.is_empty());
+        for r in rows {
+            assert_eq!(r.arch, arch, "{r:?}");
+        }
+    }
+}
+
+/// The main command's first line says which backend runs which model, and
+/// what the built-in model's weights are; so does `run`'s.
+#[test]
+fn the_main_commands_first_line_names_backend_and_model() {
+    // `--budget-s 0`: the compile report stops at once (its first line is
+    // what is under test, not its compiles).
+    let o = common::gemtune()
+        .current_dir(common::repo_root())
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .args(["demo", "-n", "2", "--budget-s", "0"])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("demo: no GPU found: NVRTC compiles every kernel variant for sm_90")
+            && first.contains("the CPU engine runs the built-in demo model")
+            && first.contains("trained on a few pages of English prose"),
+        "{}",
+        log(&o)
+    );
+    let o = common::gemtune()
+        .current_dir(common::repo_root())
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .args(["run", "-p", "Hello", "-n", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", log(&o));
+    let err = text(&o.stderr);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("run: the CPU engine (--backend auto found no GPU")
+            && first.contains("model: built-in demo model")
+            && first.contains("trained on a few pages of English prose"),
+        "{}",
+        log(&o)
+    );
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("tiny.gguf");
+    let o = gemtune(&["synth", "tiny", "q8_0", m.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", log(&o));
+    let o = gemtune(&[
+        "run",
+        "-p",
+        "Hello",
+        "-n",
+        "2",
+        "--backend",
+        "cpu",
+        "-m",
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", log(&o));
+    let first = text(&o.stderr)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        first.starts_with("run: the CPU engine | model: ")
+            && first.contains(m.to_str().unwrap())
+            && !first.contains("random"),
+        "{}",
+        log(&o)
+    );
 }

@@ -17,11 +17,16 @@ to every arm and FAKE_<KNOB>_<NAME> to the arm whose name is NAME (the
   DIE_AT         exit 3 (after a line on stderr) on this request number
   BAD_AT         answer this request number with a line that is not JSON
   READY          "bad": the first line is not a ready line
+  HANG_ON        "logits" or "bench": the first request of that op writes
+                 its output file (logits) or nothing (bench), touches
+                 FAKE_HANG_MARK and sleeps for an hour (the signal tests)
 Global: FAKE_COUNTER (a file both arms count their bench requests in: the
 run-wide request number drives the drift and seeds each request's noise, so
 a run is reproducible and two arms of one name still draw different noise),
 FAKE_DRIFT (fractional slow-down per bench request of the run), FAKE_VOCAB
-(default 256), FAKE_LOG (a file every request is appended to: "name op").
+(default 256), FAKE_LOG (a file every request is appended to: "name op"),
+FAKE_PIDS (a file each worker appends its process id to as it starts),
+FAKE_HANG_MARK (the file HANG_ON touches).
 """
 import json
 import math
@@ -29,6 +34,7 @@ import os
 import random
 import struct
 import sys
+import time
 import zlib
 
 args = sys.argv[1:]
@@ -73,6 +79,18 @@ for kv in (knob("PHASE_SPEEDUP", "") or "").split(","):
         phase_speedup[k.strip()] = float(v)
 log = os.environ.get("FAKE_LOG")
 seed = int(knob("SEED", "1"))
+hang_on = knob("HANG_ON", "")
+if os.environ.get("FAKE_PIDS"):
+    with open(os.environ["FAKE_PIDS"], "a") as f:
+        f.write("%d\n" % os.getpid())
+
+
+def hang():
+    mark = os.environ.get("FAKE_HANG_MARK")
+    if mark:
+        with open(mark, "a") as f:
+            f.write("%s\n" % name)
+    time.sleep(3600)
 
 # Per-token prefill phase times (ms) and decode step phase times (ms).
 PREFILL = {"embed": 0.002, "attn_swa": 0.030, "attn_full": 0.010, "gemm_qkv": 0.012,
@@ -146,9 +164,13 @@ for line in sys.stdin:
                 if logit_delta:
                     row[(i * 7 + 3) % vocab] += logit_delta
                 f.write(struct.pack("<%df" % vocab, *row))
+        if hang_on == "logits":
+            hang()
         out({"ok": True, "rows": len(toks), "vocab": vocab})
         continue
     if op == "bench":
+        if hang_on == "bench":
+            hang()
         n_bench += 1
         g = next_global()
         rng = random.Random(zlib.crc32(("%s/%d/%d" % (name, seed, g)).encode()))

@@ -65,6 +65,21 @@ pub struct DeviceInfo {
     pub pci_bus_id: String,
 }
 
+/// How many CUDA devices the driver reports, without opening a context;
+/// `NoGpu` when the driver library cannot be loaded or initialised.
+pub fn device_count() -> Result<usize, GpuError> {
+    // SAFETY: only attempts to dlopen libcuda; no symbol is called.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(GpuError::NoGpu(
+            "the CUDA driver library (libcuda.so) could not be loaded".into(),
+        ));
+    }
+    result::init().map_err(|e| GpuError::NoGpu(format!("cuInit failed: {e}")))?;
+    let count = CudaContext::device_count()
+        .map_err(|e| GpuError::NoGpu(format!("cuDeviceGetCount failed: {e}")))?;
+    Ok(count.max(0) as usize)
+}
+
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -74,16 +89,8 @@ pub struct Gpu {
 impl Gpu {
     /// Opens device `ordinal`: context, a private stream, attributes.
     pub fn new(ordinal: usize) -> Result<Gpu, GpuError> {
-        // SAFETY: only attempts to dlopen libcuda; no symbol is called.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(GpuError::NoGpu(
-                "the CUDA driver library (libcuda.so) could not be loaded".into(),
-            ));
-        }
-        result::init().map_err(|e| GpuError::NoGpu(format!("cuInit failed: {e}")))?;
-        let count = CudaContext::device_count()
-            .map_err(|e| GpuError::NoGpu(format!("cuDeviceGetCount failed: {e}")))?;
-        if ordinal >= count.max(0) as usize {
+        let count = device_count()?;
+        if ordinal >= count {
             return Err(GpuError::NoGpu(format!(
                 "device {ordinal} requested but the driver reports {count} device(s)"
             )));

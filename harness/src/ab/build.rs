@@ -133,6 +133,12 @@ pub fn build(
     if wt.exists() {
         remove_worktree(repo, &wt);
     }
+    // Worktrees of interrupted builds (their directories already removed).
+    let _ = git(repo, &["worktree", "prune"]);
+    let _tracked = [
+        crate::interrupt::track_temp(wt.clone()),
+        crate::interrupt::track_temp(partial.clone()),
+    ];
     git(
         repo,
         &[
@@ -162,18 +168,23 @@ pub fn build(
         let logf2 = logf
             .try_clone()
             .map_err(|e| format!("{}: {e}", log.display()))?;
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(&cmd)
-            .current_dir(&wt)
-            .env("GEMTUNE_AB_OUT", &partial)
-            .env("GEMTUNE_AB_SHA", &sha)
-            .env("CARGO_TARGET_DIR", &target)
-            .stdin(Stdio::null())
-            .stdout(logf)
-            .stderr(logf2)
-            .status()
-            .map_err(|e| format!("cannot run sh: {e}"))?;
+        // Its own process group, so an interrupt stops the compilers too.
+        let (mut child, _tracked) = crate::interrupt::spawn_group(
+            Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .current_dir(&wt)
+                .env("GEMTUNE_AB_OUT", &partial)
+                .env("GEMTUNE_AB_SHA", &sha)
+                .env("CARGO_TARGET_DIR", &target)
+                .stdin(Stdio::null())
+                .stdout(logf)
+                .stderr(logf2),
+        )
+        .map_err(|e| format!("cannot run sh: {e}"))?;
+        let status = child
+            .wait()
+            .map_err(|e| format!("waiting for the build: {e}"))?;
         if !status.success() {
             return Err(format!(
                 "the build exited with {status}; last lines of {}:\n  {}",

@@ -283,8 +283,10 @@ pub fn run(cfg: &AbConfig, mut progress: impl FnMut(&str)) -> Result<AbRun, AbEr
             ));
             g.lengths = g.lengths.iter().map(|&n| n.min(cap)).collect();
         }
+        let tracked = crate::interrupt::track_temp(tmp.clone());
         let r = gate::run(&mut wa[0], &mut wb[0], &g, &tmp, &mut progress);
         let _ = std::fs::remove_dir_all(&tmp);
+        drop(tracked);
         let r = r?;
         progress(&format!("numerics gate {}", r.message));
         let failed = !r.passed;

@@ -37,6 +37,9 @@ pub struct Worker {
     pub arm: String,
     bin: String,
     child: Child,
+    /// Keeps the child on the interrupt handler's list until it is reaped
+    /// (dropped after `Drop::drop` has waited for it).
+    _tracked: crate::interrupt::ChildGuard,
     stdin: Option<ChildStdin>,
     lines: Receiver<std::io::Result<String>>,
     tail: Arc<Mutex<VecDeque<String>>>,
@@ -51,19 +54,20 @@ impl Worker {
     /// workers load side by side.
     pub fn start(spec: &WorkerSpec, timeout: Duration) -> Result<Worker, AbError> {
         let bin = spec.bin.display().to_string();
-        let mut child = Command::new(&spec.bin)
-            .args(&spec.args)
-            .current_dir(&spec.cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| AbError::Worker {
-                arm: spec.arm.clone(),
-                bin: bin.clone(),
-                msg: format!("cannot start `{bin} {}`: {e}", spec.args.join(" ")),
-                stderr_tail: Vec::new(),
-            })?;
+        let (mut child, tracked) = crate::interrupt::spawn_group(
+            Command::new(&spec.bin)
+                .args(&spec.args)
+                .current_dir(&spec.cwd)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        )
+        .map_err(|e| AbError::Worker {
+            arm: spec.arm.clone(),
+            bin: bin.clone(),
+            msg: format!("cannot start `{bin} {}`: {e}", spec.args.join(" ")),
+            stderr_tail: Vec::new(),
+        })?;
         let stdin = child.stdin.take();
         let (tx, lines) = mpsc::channel();
         if let Some(out) = child.stdout.take() {
@@ -113,6 +117,7 @@ impl Worker {
             arm: spec.arm.clone(),
             bin,
             child,
+            _tracked: tracked,
             stdin,
             lines,
             tail,

@@ -4,8 +4,15 @@
 //! and the workers' logs. Exit: 0 SAME or FAST in every test, 1 any SLOW,
 //! 2 any AMBIGUOUS (and no SLOW), 3 numerics gate failed (no timing ran),
 //! 4 infrastructure or bad input (a worker that dies or breaks the
-//! protocol, a failed git build, an unknown profile).
+//! protocol, a failed git build, an unknown profile, no GPU).
+//!
+//! `ab` measures the CUDA engine: without a GPU it stops with one line
+//! before it writes or builds anything. `--backend cpu` is the explicit
+//! choice for arms that differ on the CPU (git revisions, other binaries)
+//! on a given model; two profiles differ only in CUDA kernels, so on the
+//! CPU they run the same computation and are refused.
 
+use crate::cli;
 use crate::exit::Exit;
 use gemtune::ab::gate::GateConfig;
 use gemtune::ab::session::{self, AbConfig};
@@ -26,13 +33,13 @@ pub struct Args {
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// Prompt tokens of each timed prefill.
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 2048, value_parser = cli::positive_u64)]
     pub n_prompt: u64,
     /// Decode steps after each prefill (0: prefill only).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_parser = cli::count)]
     pub n_gen: usize,
     /// Tokens in the KV cache before each timed prefill (filled untimed).
-    #[arg(short = 'd', long, default_value_t = 0)]
+    #[arg(short = 'd', long, default_value_t = 0, value_parser = cli::count)]
     pub depth: usize,
     /// Timed reps per arm: even, at least 6 (ABBA blocks of two reps each).
     #[arg(long, default_value_t = 12, value_parser = even_reps)]
@@ -40,10 +47,10 @@ pub struct Args {
     /// ABBA blocks of phase-timed requests after the timed ones, for the
     /// per-phase attribution (0 skips it; phase timing runs decode eagerly,
     /// so these never feed the verdict).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = cli::count)]
     pub phase_blocks: usize,
     /// Warm-up rounds (one rep of each arm per round), discarded.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = cli::count)]
     pub warmup: usize,
     /// Restart both workers before every ABBA block after the first, so a
     /// process's own placement bias becomes noise the interval measures
@@ -62,11 +69,12 @@ pub struct Args {
     /// Report directory (default target/gemtune/ab-<timestamp> of the checkout).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Engine backend passed to both workers (cuda, cpu).
-    #[arg(long)]
-    pub backend: Option<String>,
+    /// Engine backend of both workers: cuda, or cpu for arms that are
+    /// git revisions or binaries (with -m).
+    #[arg(long, value_enum, default_value_t = AbBackend::Cuda)]
+    pub backend: AbBackend,
     /// Prefill micro-batch passed to both workers.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::positive_usize)]
     pub ubatch: Option<usize>,
     /// KV cache type passed to both workers (f16, f32).
     #[arg(long)]
@@ -75,7 +83,7 @@ pub struct Args {
     #[arg(long)]
     pub no_gate: bool,
     /// Gate: prompt lengths in tokens.
-    #[arg(long, value_delimiter = ',', default_values_t = GateConfig::default().lengths)]
+    #[arg(long, value_delimiter = ',', default_values_t = GateConfig::default().lengths, value_parser = cli::positive_usize)]
     pub gate_lengths: Vec<usize>,
     /// Gate: minimum top-1 agreement over the prompt rows.
     #[arg(long, default_value_t = GateConfig::default().min_top1, value_parser = level)]
@@ -83,14 +91,15 @@ pub struct Args {
     /// Gate: largest |delta logit| allowed.
     #[arg(long, default_value_t = GateConfig::default().max_delta, value_parser = positive)]
     pub gate_max_delta: f64,
-    /// The binary that serves profile arms (default: this gemtune).
+    /// The binary that serves profile arms (default: this gemtune). It
+    /// checks for its GPU itself: `ab` then skips its own check.
     #[arg(long)]
     pub worker: Option<PathBuf>,
     /// Seconds to wait for a worker's ready line or any reply.
-    #[arg(long, default_value_t = 900)]
+    #[arg(long, default_value_t = 900, value_parser = cli::positive_u64)]
     pub timeout_s: u64,
     /// Seed of the bootstrap resampling.
-    #[arg(long, default_value_t = VerdictConfig::default().seed)]
+    #[arg(long, default_value_t = VerdictConfig::default().seed, value_parser = cli::seed)]
     pub seed: u64,
     /// Do not echo the workers' stderr (it is still logged in the report directory).
     #[arg(long)]
@@ -100,15 +109,60 @@ pub struct Args {
     pub variants_dir: Option<PathBuf>,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbBackend {
+    Cuda,
+    Cpu,
+}
+
+impl AbBackend {
+    fn name(self) -> &'static str {
+        match self {
+            AbBackend::Cuda => "cuda",
+            AbBackend::Cpu => "cpu",
+        }
+    }
+}
+
+/// Why this A/B cannot measure anything here, decided before anything is
+/// written: no GPU for the CUDA engine (unless `--worker` serves the arms
+/// and checks for itself), or on the CPU two profile arms (the same
+/// computation) or no model (the synthetic default is for the GPU).
+fn refusal(a: &Args, variants: &std::path::Path) -> Option<String> {
+    use gemtune::ab::{parse_arm, ArmSpec};
+    let profile_arm = |s: &str| {
+        matches!(
+            parse_arm(s, variants),
+            Ok(ArmSpec::Profile { .. } | ArmSpec::ProfileFile(_))
+        )
+    };
+    match a.backend {
+        AbBackend::Cuda if a.worker.is_none() => {
+            crate::engine_opts::gpu_status(0).err().map(|why| {
+                format!(
+                    "gemtune ab measures the CUDA engine and this machine has {why}; run it on a GPU host (--backend cpu compares git revisions or binaries on the CPU engine, with -m)"
+                )
+            })
+        }
+        AbBackend::Cuda => None,
+        AbBackend::Cpu if profile_arm(&a.baseline) && profile_arm(&a.candidate) => Some(
+            "--backend cpu: profiles choose CUDA kernels, so on the CPU engine both arms run the same computation; compare profiles on a GPU host, or git revisions and binaries on the CPU".into(),
+        ),
+        AbBackend::Cpu if a.model.is_none() && a.worker.is_none() => Some(
+            "--backend cpu needs -m MODEL.gguf: without it ab runs a synthetic E4B, which is sized for the GPU".into(),
+        ),
+        AbBackend::Cpu => None,
+    }
+}
+
 fn even_reps(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a count of reps"))?;
     let min = 2 * gemtune::verdict::MIN_BLOCKS;
+    let need = format!(
+        "an even number of at least {min} is needed (ABBA blocks hold two reps of each arm)"
+    );
+    let n = cli::count(s).map_err(|_| format!("{s}: {need}"))?;
     if n < min || n % 2 != 0 {
-        return Err(format!(
-            "{n}: an even number of at least {min} is needed (ABBA blocks hold two reps of each arm)"
-        ));
+        return Err(format!("{n}: {need}"));
     }
     Ok(n)
 }
@@ -145,6 +199,22 @@ fn level(s: &str) -> Result<f64, String> {
 pub fn run(a: Args) -> anyhow::Result<Exit> {
     let variants = gemtune::spec::variants_dir(a.variants_dir.as_deref());
     let variants = std::path::absolute(&variants).unwrap_or(variants);
+    // A misspelt arm is named first; then whether anything can run here.
+    for arm in [&a.baseline, &a.candidate] {
+        if let Err(e) = gemtune::ab::parse_arm(arm, &variants) {
+            eprintln!("error: {e}");
+            return Ok(Exit::Infra);
+        }
+    }
+    if let Some(why) = refusal(&a, &variants) {
+        eprintln!("error: {why}");
+        return Ok(Exit::Infra);
+    }
+    // A signal stops both workers (and a git build) and removes the gate's
+    // logit files; the report directory keeps the workers' logs.
+    if let Err(e) = gemtune::interrupt::install(gemtune::interrupt::Mode::Exit) {
+        eprintln!("warning: {e}");
+    }
     let root = variants
         .parent()
         .map(|p| p.to_path_buf())
@@ -180,7 +250,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         phase_blocks: a.phase_blocks,
         warmup: a.warmup,
         respawn: a.respawn,
-        backend: a.backend.clone(),
+        backend: Some(a.backend.name().to_string()),
         ubatch: a.ubatch,
         kv_type: a.kv_type.clone(),
         worker_bin,
@@ -207,6 +277,8 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     let run = match session::run(&cfg, |m| eprintln!("ab: {m}")) {
         Ok(r) => r,
         Err(e) => {
+            // A worker the interrupt handler killed is no error of its own.
+            gemtune::interrupt::settle();
             eprintln!("error: {e}");
             return Ok(Exit::Infra);
         }

@@ -26,7 +26,8 @@ use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightTyp
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::engine_opts::{build_engine, resolve_backend, Backend, CudaArgs};
+use crate::cli;
+use crate::engine_opts::{build_engine, gpu_status, resolve_backend, Backend, CudaArgs};
 use crate::exit::Exit;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,20 +47,21 @@ pub struct Args {
         short = 'p',
         long = "n-prompt",
         value_delimiter = ',',
-        default_value = "512,2048"
+        default_value = "512,2048",
+        value_parser = cli::count
     )]
     pub n_prompt: Vec<usize>,
     /// Generated tokens (0 skips the generation test).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_parser = cli::count)]
     pub n_gen: usize,
     /// Context depth already filled before each test.
-    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    #[arg(short = 'd', long = "depth", default_value_t = 0, value_parser = cli::count)]
     pub depth: usize,
     /// Timed repetitions per test (after one warm-up).
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = cli::positive_u64)]
     pub reps: u64,
     /// Prefill chunk (tokens per forward pass).
-    #[arg(long, default_value_t = gemtune_engine::cuda::DEFAULT_UBATCH as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = gemtune_engine::cuda::DEFAULT_UBATCH as u64, value_parser = cli::positive_u64)]
     pub ubatch: u64,
     /// Forward implementation.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
@@ -70,7 +72,7 @@ pub struct Args {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Md)]
     pub output: Output,
     /// Seed of the random prompt tokens.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = cli::seed)]
     pub seed: u64,
     /// Serve `ab` over stdin/stdout (JSON lines) instead of running tests.
     #[arg(long)]
@@ -91,12 +93,16 @@ pub fn model_path(m: Option<&Path>) -> anyhow::Result<PathBuf> {
             p.display()
         );
         let tmp = dir.join("e4b-q8_0-seed0.gguf.partial");
+        let _tracked = gemtune::interrupt::track_temp(tmp.clone());
         synth_to_file(
             SynthVariant::E4b,
             WeightType::Q8_0,
             &tmp,
             SynthOptions::default(),
         )
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
         .context("writing the synthetic e4b q8_0 model")?;
         std::fs::rename(&tmp, &p).with_context(|| format!("renaming into {}", p.display()))?;
     } else {
@@ -194,10 +200,38 @@ fn gpu_name(backend: &str) -> String {
     }
 }
 
+/// Refuses, before anything is written, a bench that measures the CUDA
+/// engine where no GPU can run it: `--backend cuda`, and the synthetic
+/// E4B default (no `-m`) whatever the backend, since that 7.5 GB file
+/// exists to measure the GPU. `--backend cpu -m MODEL` stays a choice.
+fn check_gpu(args: &Args) -> anyhow::Result<()> {
+    let Err(why) = gpu_status(args.cuda.device()) else {
+        return Ok(());
+    };
+    if args.model.is_none() {
+        bail!(
+            "bench without -m measures the CUDA engine on a synthetic E4B, and this machine has {why}; the CPU engine takes --backend cpu -m MODEL.gguf"
+        );
+    }
+    if args.backend == Backend::Cuda {
+        bail!("--backend cuda: {why}");
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<Exit> {
+    if let Err(e) = gemtune::interrupt::install(gemtune::interrupt::Mode::Exit) {
+        eprintln!("warning: {e}");
+    }
+    check_gpu(&args)?;
+    // A bad profile or tuned table fails before the model is written.
+    crate::engine_opts::load_choices(&args.cuda)?;
+    let (backend, fell_back) = resolve_backend(args.backend, args.cuda.device());
+    if let Some(why) = fell_back {
+        eprintln!("bench: --backend auto found no GPU ({why}): measuring the CPU engine");
+    }
     let path = model_path(args.model.as_deref())?;
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    let backend = resolve_backend(args.backend);
     let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);
     let mut need = args.depth + max_p.max(args.n_gen) + 1;
     let ctx = model.config().context_length;
@@ -213,13 +247,8 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
             args.depth
         );
     }
-    let mut engine = build_engine(
-        &model,
-        backend,
-        &args.cuda,
-        need,
-        (args.ubatch as usize).min(need),
-    )?;
+    let ubatch = (args.ubatch as usize).min(need);
+    let mut engine = build_engine(&model, backend, &args.cuda, need, ubatch, ubatch)?;
     if args.worker {
         return worker(engine.as_mut(), &model, &path, &args);
     }
@@ -349,7 +378,7 @@ fn worker(e: &mut dyn Engine, model: &Model, path: &Path, args: &Args) -> anyhow
     let backend = e.backend().to_string();
     let mut out = std::io::stdout().lock();
     let gpu = if backend == "cuda" {
-        gemtune_kernels::gpu::Gpu::new(args.cuda.device)
+        gemtune_kernels::gpu::Gpu::new(args.cuda.device())
             .map(|g| {
                 let i = g.info();
                 serde_json::json!({"name": i.name, "driver": i.driver_version.to_string(), "sm_count": i.sm_count})
@@ -383,7 +412,7 @@ fn worker(e: &mut dyn Engine, model: &Model, path: &Path, args: &Args) -> anyhow
     writeln!(out, "{ready}")?;
     out.flush()?;
     let sampler = gemtune_kernels::clocks::ClockSampler::start(
-        &gemtune_kernels::gpu::Gpu::new(args.cuda.device)
+        &gemtune_kernels::gpu::Gpu::new(args.cuda.device())
             .map(|g| g.info().pci_bus_id.clone())
             .unwrap_or_default(),
         std::time::Duration::from_millis(20),

@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long)]
     pub shapes: Vec<String>,
     /// Only these token counts, e.g. --tokens 1,8,512.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::positive_usize)]
     pub tokens: Vec<usize>,
     /// Only shapes whose name starts with this (e.g. e4b.ffn_up); repeatable.
     #[arg(long = "shape")]
@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(long)]
     pub no_cache: bool,
     /// Check shapes with more tokens than this at this many tokens instead.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::positive_usize)]
     pub check_max_m: Option<usize>,
     /// Also write the compile report: one row per family x variant x arch with
     /// the worst registers, spills and shared memory over the shapes. Rows of
@@ -107,8 +107,14 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         (Some(g), _) => g.arch(),
         (None, x) => x.unwrap_or(Arch(90)),
     };
+    // Rows and messages name the target as asked (`sm_90a`), or the GPU's.
+    let target = match (&gpu, a.arch.as_deref()) {
+        (None, Some(t)) if t.trim().ends_with('a') => format!("{arch}a"),
+        _ => arch.to_string(),
+    };
     let opts = CheckOptions {
         arch,
+        target,
         compile_only: a.compile_only,
         cache: if a.no_cache {
             None

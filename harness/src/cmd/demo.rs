@@ -27,7 +27,7 @@ use gemtune::results::{write_csv, CheckRow};
 use gemtune_kernels::compile::Arch;
 
 use crate::cli::NPredict;
-use crate::engine_opts::{gpu_present, Backend, CudaArgs};
+use crate::engine_opts::{gpu_status, Backend, CudaArgs};
 use crate::exit::Exit;
 
 #[derive(clap::Args)]
@@ -52,10 +52,28 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<Exit> {
-    if !a.cpu && gpu_present() {
+    let gpu = !a.cpu && gpu_status(0).is_ok();
+    eprintln!("{}", first_line(gpu, &a));
+    if gpu {
         gpu_demo()
     } else {
         cpu_demo(&a)
+    }
+}
+
+/// What the demo runs on which backend and model, before any work.
+fn first_line(gpu: bool, a: &Args) -> String {
+    if gpu {
+        "demo: GPU found: a gemv variant sweep, then the CUDA engine (profile main) on a \
+         synthetic E4B Q8_0 model (random weights, written once into the scratch directory)"
+            .to_string()
+    } else {
+        format!(
+            "demo: {}: NVRTC compiles every kernel variant for {}, then the CPU engine runs the {}",
+            if a.cpu { "--cpu" } else { "no GPU found" },
+            a.arch,
+            gemtune_engine::synth::builtin_model_description()
+        )
     }
 }
 
@@ -177,7 +195,7 @@ fn cpu_demo(a: &Args) -> anyhow::Result<Exit> {
             no_graph: false,
             profile_phases: false,
             tuned: None,
-            device: 0,
+            device: None,
         },
     })?;
     eprintln!(
@@ -210,6 +228,7 @@ fn compile_report(arch: &str, budget_s: u64) -> anyhow::Result<Exit> {
         checker::load_jobs(&vdir, &[], &[], &[], &[], &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
     let opts = CheckOptions {
         arch,
+        target: arch.to_string(),
         compile_only: true,
         cache: gemtune_kernels::compile::default_cache_dir(),
         check_max_m: None,

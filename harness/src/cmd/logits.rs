@@ -68,11 +68,14 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
     if ids.len() > ctx {
         bail!("{} tokens exceed the model's context of {ctx}", ids.len());
     }
-    let ubatch = match args.backend {
-        Backend::Cpu => args.batch,
-        _ => args.ubatch,
-    };
-    let mut eng = build_engine(&model, args.backend, &args.cuda, ids.len(), ubatch)?;
+    let mut eng = build_engine(
+        &model,
+        args.backend,
+        &args.cuda,
+        ids.len(),
+        args.batch,
+        args.ubatch,
+    )?;
     let rows = if args.all {
         LogitRows::All
     } else {

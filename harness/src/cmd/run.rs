@@ -14,6 +14,8 @@
 //! - Without `-m` it runs the built-in demo model (`synth::builtin_model`:
 //!   the tiny preset with weights trained on a few pages of prose), so the
 //!   command works on any machine and prints words.
+//! - The first line on stderr says which engine runs which model (for the
+//!   built-in model, what it is and what its weights are), before any work.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,8 +28,8 @@ use gemtune_engine::synth;
 use gemtune_engine::tokenizer::chat::{self, Message};
 use gemtune_engine::tokenizer::{DecodeOptions, StreamDecoder};
 
-use crate::cli::{n_predict, non_negative_f32, positive_usize, unit_f32};
-use crate::engine_opts::{build_engine, print_phases, Backend, CudaArgs};
+use crate::cli::{count, n_predict, non_negative_f32, positive_usize, seed, unit_f32};
+use crate::engine_opts::{build_engine, print_phases, resolve_backend, Backend, CudaArgs};
 use crate::exit::Exit;
 
 /// Load `-m MODEL`, or the built-in demo model when absent.
@@ -51,22 +53,22 @@ pub struct Args {
     #[arg(short = 'p', long)]
     pub prompt: String,
     /// Most tokens to generate; -1: until the end of the context.
-    #[arg(short = 'n', long = "n-predict", default_value = "128", allow_negative_numbers = true, value_parser = n_predict)]
+    #[arg(short = 'n', long = "n-predict", default_value = "128", value_parser = n_predict)]
     pub n_predict: crate::cli::NPredict,
     /// Sampling temperature, >= 0 (default: greedy).
-    #[arg(long, allow_negative_numbers = true, value_parser = non_negative_f32)]
+    #[arg(long, value_parser = non_negative_f32)]
     pub temp: Option<f32>,
     /// Keep the K most likely tokens (0 = off); only with --temp.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, value_parser = count)]
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in [0, 1] (1.0 = off); only with --temp.
-    #[arg(long, allow_negative_numbers = true, value_parser = unit_f32)]
+    #[arg(long, value_parser = unit_f32)]
     pub top_p: Option<f32>,
     /// Drop tokens below P times the top probability, P in [0, 1] (0 = off); only with --temp.
-    #[arg(long, allow_negative_numbers = true, value_parser = unit_f32)]
+    #[arg(long, value_parser = unit_f32)]
     pub min_p: Option<f32>,
     /// Sampling seed (any u64).
-    #[arg(short = 's', long, default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(short = 's', long, default_value_t = 0, value_parser = seed)]
     pub seed: u64,
     /// No chat template: `<bos>` + the prompt text.
     #[arg(long)]
@@ -91,6 +93,43 @@ pub struct Args {
     pub verbose: bool,
     #[command(flatten)]
     pub cuda: CudaArgs,
+}
+
+/// The engine and model a run uses, in one line: `run: <engine> | model:
+/// <model>`.
+fn first_line(
+    backend: Backend,
+    fell_back: Option<&str>,
+    cuda: &CudaArgs,
+    path: Option<&Path>,
+    model: &Model,
+) -> String {
+    let engine = match (backend, fell_back) {
+        (Backend::Cuda, _) => format!(
+            "the CUDA engine (device {}, profile {})",
+            cuda.device(),
+            cuda.profile
+        ),
+        (_, Some(why)) => format!("the CPU engine (--backend auto found no GPU: {why})"),
+        _ => "the CPU engine".to_string(),
+    };
+    let what = match path {
+        None => format!(
+            "{} (-m MODEL.gguf runs a real one)",
+            synth::builtin_model_description()
+        ),
+        Some(p) => {
+            let cfg = model.config();
+            format!(
+                "{} ({}, {} layers, d_model {})",
+                p.display(),
+                cfg.name.as_deref().unwrap_or("unnamed"),
+                cfg.n_layers,
+                cfg.d_model
+            )
+        }
+    };
+    format!("run: {engine} | model: {what}")
 }
 
 pub fn run(args: Args) -> anyhow::Result<Exit> {
@@ -127,11 +166,25 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         (None, Some(n)) => (prompt.len() + n.max(1)).min(ctx),
         (None, None) => ctx,
     };
-    let ubatch = match args.backend {
-        Backend::Cpu => args.batch,
-        _ => args.ubatch,
-    };
-    let mut eng = build_engine(&model, args.backend, &args.cuda, max_seq, ubatch)?;
+    let (backend, fell_back) = resolve_backend(args.backend, args.cuda.device());
+    eprintln!(
+        "{}",
+        first_line(
+            backend,
+            fell_back.as_deref(),
+            &args.cuda,
+            args.model.as_deref(),
+            &model
+        )
+    );
+    let mut eng = build_engine(
+        &model,
+        backend,
+        &args.cuda,
+        max_seq,
+        args.batch,
+        args.ubatch,
+    )?;
     if args.verbose {
         for l in eng.describe() {
             eprintln!("{l}");

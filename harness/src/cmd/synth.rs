@@ -75,10 +75,10 @@ pub struct Args {
     /// Output GGUF path (created or overwritten).
     pub out: PathBuf,
     /// Vocab size instead of the variant's (must hold the special and byte tokens).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::positive_usize)]
     pub vocab: Option<usize>,
     /// Seed of the random weights (same seed, same bytes).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = crate::cli::seed)]
     pub seed: u64,
     /// Take every tensor's values from this GGUF (same tensor names and
     /// shapes, any type) instead of random ones, e.g. trained weights.

@@ -33,10 +33,7 @@ use gemtune_kernels::timing::{
 use gemtune_kernels::workload::OpKind;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-static STOP: AtomicBool = AtomicBool::new(false);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RegimeArg {
@@ -58,7 +55,7 @@ pub struct Args {
     #[arg(long = "variant")]
     pub variants: Vec<String>,
     /// Only these token counts, e.g. --tokens 512,2048.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::positive_usize)]
     pub tokens: Vec<usize>,
     /// Only shapes whose name starts with this; repeatable.
     #[arg(long = "shape")]
@@ -73,17 +70,19 @@ pub struct Args {
     #[arg(long)]
     pub variants_dir: Option<PathBuf>,
     /// Measured GPU time per cell before sampling stops, ms.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = crate::cli::positive_f64)]
     pub budget_ms: f64,
-    #[arg(long, default_value_t = 20)]
+    /// Fewest timed samples per cell.
+    #[arg(long, default_value_t = 20, value_parser = crate::cli::positive_usize)]
     pub min_reps: usize,
-    #[arg(long, default_value_t = 200)]
+    /// Most timed samples per cell.
+    #[arg(long, default_value_t = 200, value_parser = crate::cli::positive_usize)]
     pub max_reps: usize,
     /// Correctness of shapes with more tokens is checked at this many tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = crate::cli::positive_usize)]
     pub check_max_m: usize,
     /// Seed of the bootstrap resampling.
-    #[arg(long, default_value_t = 0x5eed)]
+    #[arg(long, default_value_t = 0x5eed, value_parser = crate::cli::seed)]
     pub seed: u64,
     /// Leave out the vendor reference rows (cuBLAS bf16 / int8 GEMM at the
     /// same shapes and regimes).
@@ -349,10 +348,11 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             return Ok(Exit::Infra);
         }
     };
-    let _ = ctrlc::set_handler(|| {
-        eprintln!("\ninterrupted: finishing the current measurement, then writing the report");
-        STOP.store(true, Ordering::SeqCst);
-    });
+    // The first SIGINT/SIGTERM finishes the current measurement and writes
+    // the report of what was measured (no promotion); a second exits now.
+    if let Err(e) = gemtune::interrupt::install(gemtune::interrupt::Mode::Finish) {
+        eprintln!("warning: {e}");
+    }
     let out = a.out.clone().unwrap_or_else(|| {
         gemtune::scratch::default_out(&format!("tune-{}", a.family.replace(',', "+")))
     });
@@ -371,10 +371,11 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     // 1. Check: the variants, then the references at the same shapes.
     let opts = CheckOptions {
         arch,
+        target: arch.to_string(),
         compile_only: false,
         cache: gemtune_kernels::compile::default_cache_dir(),
         check_max_m: Some(a.check_max_m),
-        stop: Some(&STOP),
+        stop: Some(gemtune::interrupt::flag()),
     };
     let mut outcome = checker::run_check(
         &jobs,
@@ -402,7 +403,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             &mut ref_jobs,
             a.check_max_m,
             &arch.to_string(),
-            Some(&STOP),
+            Some(gemtune::interrupt::flag()),
             crate::cmd::check::progress_printer(),
         );
         for r in rows
@@ -463,10 +464,10 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     }
     let mut rows: Vec<TuneRow> = Vec::new();
     let interrupted = |notes: &mut Vec<String>| {
-        let stop = STOP.load(Ordering::SeqCst);
+        let stop = gemtune::interrupt::requested();
         if stop {
             notes.push(
-                "interrupted with Ctrl-C: the tables hold only what was measured".to_string(),
+                "interrupted (SIGINT/SIGTERM): the tables hold only what was measured".to_string(),
             );
         }
         stop
@@ -664,7 +665,11 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     if let Err(e) = gemtune::report::write_plots(&out, &rows, &heat_axes) {
         eprintln!("warning: plots: {e:#}");
     }
-    if a.promote && !rows.is_empty() {
+    let was_interrupted = gemtune::interrupt::requested();
+    if a.promote && was_interrupted {
+        eprintln!("not promoting: the run was interrupted");
+    }
+    if a.promote && !was_interrupted && !rows.is_empty() {
         let path = vdir.join("tuned").join(format!("{arch}.toml"));
         let winners = gemtune::tuned::select_winners(&rows, &out.display().to_string());
         let n = winners.len();
@@ -674,6 +679,9 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     eprintln!("wrote {}", out.display());
     for n in &notes {
         eprintln!("note: {n}");
+    }
+    if was_interrupted {
+        return Ok(Exit::Interrupted);
     }
     Ok(check_exit)
 }

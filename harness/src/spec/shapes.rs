@@ -245,6 +245,60 @@ impl ShapesFile {
     }
 }
 
+/// Every key a shape may have (of any kind).
+const SHAPE_KEYS: &[&str] = &[
+    "m", "n", "k", "wtype", "heads", "kv_heads", "head_dim", "window", "q_pos0", "capacity", "kv",
+    "width", "dtype", "aux", "from",
+];
+
+/// The error for a shape with none of `n`, `heads`, `width`: its first
+/// key that no shape has (with the nearest one it may have meant), else
+/// what is missing.
+fn unkinded_shape(src: Src<'_>, tab: &toml::de::DeTable<'_>, name: &str) -> SpecError {
+    let mut keys: Vec<_> = tab.iter().map(|(k, _)| k).collect();
+    keys.sort_by_key(|k| k.span().start);
+    if let Some(k) = keys
+        .iter()
+        .find(|k| !SHAPE_KEYS.contains(&k.get_ref().as_ref()))
+    {
+        let key = k.get_ref().as_ref();
+        let hint = SHAPE_KEYS
+            .iter()
+            .map(|c| (edit_distance(key, c), *c))
+            .filter(|(d, _)| *d <= 2)
+            .min()
+            .map(|(_, c)| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        return src.err(
+            k.span(),
+            format!(
+                "unknown key `{key}` in shape `{name}`{hint}; a shape has m and n/k/wtype (matmul), heads/kv_heads/head_dim (attention) or width (rows)"
+            ),
+        );
+    }
+    let span = keys.first().map(|k| k.span()).unwrap_or(0..0);
+    src.err(
+        span,
+        format!("shape `{name}` has none of `n` (matmul), `heads` (attention) or `width` (rows)"),
+    )
+}
+
+/// Levenshtein distance over chars (short keys only).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 fn walk(
     src: Src<'_>,
     v: &super::doc::SVal<'_>,
@@ -261,6 +315,15 @@ fn walk(
     let is_shape = ["n", "heads", "width"]
         .iter()
         .any(|k| tab.get(*k).is_some());
+    // A table with a plain value in it is a shape, even when a typo hides
+    // the key that says which kind: name the key that is wrong.
+    if !is_shape
+        && tab
+            .iter()
+            .any(|(_, v)| !matches!(v.get_ref(), DeValue::Table(_)))
+    {
+        return Err(unkinded_shape(src, tab, prefix));
+    }
     if is_shape {
         let what = format!("shape `{prefix}`");
         let mut t = Tab::new(src, tab, what.clone());
