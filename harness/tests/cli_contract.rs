@@ -574,7 +574,7 @@ fn the_arch_asked_for_is_the_arch_recorded() {
         ]);
         assert_eq!(o.status.code(), Some(0), "{arch}: {}", log(&o));
         assert!(
-            text(&o.stderr).contains(&format!("define sets for {arch}\n")),
+            text(&o.stderr).contains(&format!("define sets to compile for {arch}\n")),
             "{arch}: {}",
             log(&o)
         );

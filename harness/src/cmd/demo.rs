@@ -39,13 +39,13 @@ pub struct Args {
     #[arg(short = 'p', long, default_value = "Hello")]
     pub prompt: String,
     /// Tokens the engine generates (the no-GPU demo).
-    #[arg(short = 'n', long, default_value_t = 48)]
+    #[arg(short = 'n', long, default_value_t = 48, value_parser = crate::cli::count)]
     pub n_predict: usize,
     /// Seconds the compile report may spend compiling (the no-GPU demo); the
     /// define sets not reached are named, and the next run continues from
     /// the cubin cache.
-    #[arg(long, default_value_t = 90)]
-    pub budget_s: u64,
+    #[arg(long, default_value_t = 90, value_parser = crate::cli::count)]
+    pub budget_s: usize,
     /// Run the no-GPU demo even where a GPU is present.
     #[arg(long)]
     pub cpu: bool,
@@ -165,7 +165,7 @@ fn cpu_demo(a: &Args) -> anyhow::Result<Exit> {
             );
             Exit::Pass
         }
-        Ok(_) => compile_report(&a.arch, a.budget_s)?,
+        Ok(_) => compile_report(&a.arch, a.budget_s as u64)?,
     };
     eprintln!(
         "== 2/2 the CPU engine: chat prompt {:?}, greedy, {} tokens, on the {}",
