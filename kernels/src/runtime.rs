@@ -32,7 +32,8 @@ pub struct Kernel {
     /// How the family enqueues this kernel (`Family::launch_sequence`).
     sequence: LaunchSequence,
     /// The entry's parameter buffer from the cubin (None if unreadable):
-    /// debug builds check every launch's arguments against it.
+    /// debug builds (or `GEMTUNE_CHECK_ARGS=1`) check every launch's
+    /// arguments against it.
     params: Option<ParamLayout>,
 }
 
@@ -43,9 +44,9 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 impl Kernel {
-    /// Enqueues one launch with the planned geometry. In debug builds,
-    /// arguments that do not pack to the kernel's parameter buffer are
-    /// refused (`GpuError::Args`, naming the kernel) before anything is
+    /// Enqueues one launch with the planned geometry. In debug builds (or
+    /// with `GEMTUNE_CHECK_ARGS=1`), arguments that do not pack to the
+    /// kernel's parameter buffer are refused (`GpuError::Args`, naming the kernel) before anything is
     /// enqueued; so are they by `launch_dependent` and `launch_grid`.
     pub fn launch(&self, gpu: &Gpu, args: &[KArg]) -> Result<(), GpuError> {
         self.check_args(args)?;
@@ -61,16 +62,14 @@ impl Kernel {
     pub fn param_layout(&self) -> Option<&ParamLayout> {
         self.params.as_ref()
     }
-    #[cfg(debug_assertions)]
+    /// Refuses `args` that do not pack to the cubin's parameter buffer: in
+    /// debug builds always, in release builds when `GEMTUNE_CHECK_ARGS=1`
+    /// (so a staged release suite can run with the check on).
     fn check_args(&self, args: &[KArg]) -> Result<(), GpuError> {
         match &self.params {
-            Some(l) => crate::gpu::check_args(&self.geo.kernel, l, args),
-            None => Ok(()),
+            Some(l) if check_args_enabled() => crate::gpu::check_args(&self.geo.kernel, l, args),
+            _ => Ok(()),
         }
-    }
-    #[cfg(not(debug_assertions))]
-    fn check_args(&self, _args: &[KArg]) -> Result<(), GpuError> {
-        Ok(())
     }
     /// Enqueues one launch with `grid` in place of the planned grid.
     pub fn launch_grid(
@@ -118,6 +117,14 @@ impl Kernel {
             sequence: LaunchSequence::Single,
         })
     }
+}
+
+/// Whether launches check their arguments (`Kernel::check_args`), read once.
+fn check_args_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        cfg!(debug_assertions) || std::env::var("GEMTUNE_CHECK_ARGS").is_ok_and(|v| v == "1")
+    })
 }
 
 /// Compiles (through the on-disk cubin cache) and loads each distinct
