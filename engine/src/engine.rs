@@ -12,13 +12,22 @@ use crate::cpu::CpuEngine;
 use crate::forward::{forward_in_chunks, Chunk, ForwardError, LogitRows, Logits, SeqState};
 use crate::model::Model;
 use crate::sampler::Sampler;
+use crate::step_bytes::StepReads;
 
 /// GPU time per forward phase, in milliseconds, accumulated since the last
 /// `take_phases` (only engines that measure phases report them).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PhaseTimes {
-    /// (phase, total ms, launches), in first-seen order.
+    /// (phase, total ms, marks), in first-seen order. A mark starts a
+    /// phase; the time up to the next mark is the phase's.
     pub phases: Vec<(String, f64, usize)>,
+    /// Decode steps replayed through the timed graph (their phases come
+    /// from event-record nodes inside it), and the GPU time of those
+    /// replays from events recorded around each launch, outside the graph:
+    /// the phases of a replay sum to its span less the graph's start
+    /// latency.
+    pub graph_steps: usize,
+    pub graph_ms: f64,
 }
 
 impl PhaseTimes {
@@ -93,8 +102,9 @@ pub trait Engine {
         None
     }
     /// Turns per-phase timing on or off; false when the engine cannot
-    /// measure phases. Measuring costs events on the stream and runs
-    /// decode steps eagerly (no graph replay).
+    /// measure phases. Measuring costs events on the stream; decode steps
+    /// replay a second graph captured with an event-record node at each
+    /// phase (eagerly under `--no-graph`).
     fn set_phases(&mut self, on: bool) -> bool {
         let _ = on;
         false
@@ -102,6 +112,11 @@ pub trait Engine {
     /// One line per engine slot: what serves it and why (`run -v`).
     fn describe(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// What one decode step reads apart from the KV cache, as this backend
+    /// stores the model (`step_bytes`); None when not known.
+    fn step_reads(&self) -> Option<StepReads> {
+        None
     }
 }
 
@@ -133,6 +148,9 @@ impl Engine for CpuEngine<'_> {
             self.max_batch(),
             CpuEngine::max_seq(self)
         )]
+    }
+    fn step_reads(&self) -> Option<StepReads> {
+        Some(StepReads::of_cpu_model(CpuEngine::model(self)))
     }
 }
 

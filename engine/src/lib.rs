@@ -9,6 +9,7 @@
 //! - `model`: a loaded model (file, config, tokenizer, weight views).
 //! - `cpu`: the CPU reference forward pass and its KV cache.
 //! - `tuned`: tuned tables (per-shape kernel winners) as the engine reads them.
+//! - `step_bytes`: the bytes one decode step must move (bench's floor).
 
 pub mod config;
 pub mod cpu;
@@ -21,6 +22,7 @@ pub mod plan;
 pub mod profile;
 pub mod rope;
 pub mod sampler;
+pub mod step_bytes;
 pub mod synth;
 pub mod tokenizer;
 pub mod tuned;

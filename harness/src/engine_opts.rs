@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use gemtune_engine::cpu::{CpuEngine, CpuOptions};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
-use gemtune_engine::engine::Engine;
+use gemtune_engine::engine::{Engine, PhaseTimes};
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;
 use gemtune_engine::tuned::TunedFile;
@@ -159,17 +159,25 @@ pub fn build_engine<'m>(
 /// Prints the per-phase table of an engine that measured phases.
 pub fn print_phases(engine: &mut dyn Engine) {
     if let Some(p) = engine.take_phases() {
-        let total = p.total_ms();
-        eprintln!(
-            "{:<14} {:>12} {:>8} {:>9}",
-            "phase", "GPU ms", "share", "launches"
-        );
-        for (name, ms, n) in &p.phases {
-            eprintln!(
-                "{name:<14} {ms:>12.3} {:>7.1}% {n:>9}",
-                if total > 0.0 { 100.0 * ms / total } else { 0.0 }
-            );
-        }
-        eprintln!("{:<14} {total:>12.3}", "total");
+        print_phase_table(&p, 1.0);
     }
+}
+
+/// Prints `p` (stderr) with every time and mark count divided by `per`
+/// (the decode steps it covers, or 1), and the total.
+pub fn print_phase_table(p: &PhaseTimes, per: f64) {
+    let total = p.total_ms();
+    eprintln!(
+        "{:<14} {:>12} {:>8} {:>9}",
+        "phase", "GPU ms", "share", "marks"
+    );
+    for (name, ms, n) in &p.phases {
+        eprintln!(
+            "{name:<14} {:>12.4} {:>7.1}% {:>9}",
+            ms / per,
+            if total > 0.0 { 100.0 * ms / total } else { 0.0 },
+            (*n as f64 / per).round()
+        );
+    }
+    eprintln!("{:<14} {:>12.4}", "sum of phases", total / per);
 }

@@ -217,7 +217,7 @@ pub fn read_csv<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec
 /// Schema of `bench.csv` (`BenchRow`), `ab`'s `results.csv` (`AbRow`) and
 /// `compile.csv` (`CompileRow`): each kind has its own version, bumped when
 /// one of its columns is added, removed or changes meaning.
-pub const BENCH_SCHEMA_VERSION: u32 = 1;
+pub const BENCH_SCHEMA_VERSION: u32 = 2;
 pub const AB_SCHEMA_VERSION: u32 = 1;
 pub const COMPILE_SCHEMA_VERSION: u32 = 1;
 
@@ -264,6 +264,27 @@ pub struct BenchRow {
     pub tps_max: f64,
     /// Raw t/s per rep, ';'-separated.
     pub samples: String,
+    /// tg rows (schema 2): the bytes one decode step must move, the mean
+    /// over the row's steps (`gemtune_engine::step_bytes`: weights used,
+    /// KV read and written, logits written), as the backend stores the
+    /// model. Empty on pp rows.
+    #[serde(default)]
+    pub step_bytes: Option<u64>,
+    /// The KV cache's part of `step_bytes` (grows with the depth).
+    #[serde(default)]
+    pub step_kv_bytes: Option<u64>,
+    /// The memory rate the floor is taken at, GB/s (1e9 B/s): the device's
+    /// HBM read rate measured at bench start, or `--hbm-gbps`. Empty when
+    /// neither (the CPU backend without `--hbm-gbps`).
+    #[serde(default)]
+    pub hbm_gbps: Option<f64>,
+    /// `step_bytes` at `hbm_gbps`: the least time a step can take, ms.
+    #[serde(default)]
+    pub floor_ms: Option<f64>,
+    /// `floor_ms` over the measured mean step time (1000 / `tps_mean`
+    /// ms), percent: the share of the memory floor the decode reaches.
+    #[serde(default)]
+    pub floor_pct: Option<f64>,
 }
 
 /// The `test` name of a bench or ab row: "pp512", "tg128", "pp4096@d4096".

@@ -310,6 +310,7 @@ fn bench_row(test: &str, profile: &str, samples: &[f64]) -> BenchRow {
         tps_min: samples.iter().copied().fold(f64::INFINITY, f64::min),
         tps_max: samples.iter().copied().fold(0.0, f64::max),
         samples: results::join_samples(samples),
+        ..BenchRow::default()
     }
 }
 

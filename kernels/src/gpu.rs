@@ -642,6 +642,20 @@ impl Gpu {
         })
     }
 
+    /// Records `e` on this GPU's stream with `CU_EVENT_RECORD_EXTERNAL`:
+    /// while the stream is being captured this becomes an event-record node
+    /// of the graph, so every replay records `e` again at that point (timing
+    /// inside a graph); a plain `record` during capture would only be a
+    /// dependency between captured streams. Outside capture it records as
+    /// `record` does.
+    pub fn record_external(&self, e: &Event) -> Result<(), GpuError> {
+        let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: both handles are live; the flag is one the driver defines.
+        drv("cuEventRecordWithFlags", unsafe {
+            sys::cuEventRecordWithFlags(e.ev, self.stream(), flags).result()
+        })
+    }
+
     /// Checks for an asynchronous error from earlier launches.
     pub fn check_async(&self) -> Result<(), GpuError> {
         self.synchronize()

@@ -90,6 +90,9 @@ pub struct CudaEngine<'m> {
     pub(super) use_graph: bool,
     pub(super) graph: Option<Graph>,
     pub(super) phases: std::cell::RefCell<Option<Phases>>,
+    /// The phase timing while turned off (`set_phases`), kept with its
+    /// timed decode graph for the next time it is turned on.
+    pub(super) parked_phases: Option<Phases>,
     pub(super) staging_i32: PinnedBuf<i32>,
     pub(super) staging_logits: PinnedBuf<f32>,
     /// Per-layer activations, when enabled (tests and debugging).
@@ -99,6 +102,8 @@ pub struct CudaEngine<'m> {
     /// Kernels compiled and loaded at load time (for the no-compile-after-
     /// load check).
     pub(super) cache: KernelCache,
+    /// What a decode step reads apart from the cache (`step_reads`).
+    pub(super) step_reads: crate::step_bytes::StepReads,
 }
 
 pub(super) fn dev(e: GpuError) -> EngineError {
@@ -156,6 +161,9 @@ impl<'m> CudaEngine<'m> {
         let planner = Planner::new(opts.profile.clone(), tuned, limits);
         let dims = ModelDims::of_model(model, &planner);
         let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
+        let step_reads = super::step_reads::of_plan(&plan, cfg, &dims).ok_or_else(|| {
+            EngineError::Device("the plan has no one-row decode bucket with a head".into())
+        })?;
 
         let scratch = attn_scratch_bytes(cfg, &sizing);
         let need = weights::model_bytes(model, &plan.layouts)
@@ -201,11 +209,13 @@ impl<'m> CudaEngine<'m> {
             use_graph: opts.graph,
             graph: None,
             phases: std::cell::RefCell::new(opts.phases.then(Phases::new)),
+            parked_phases: None,
             staging_i32,
             staging_logits,
             trace: std::cell::RefCell::new(None),
             cublas,
             cache,
+            step_reads,
         })
     }
 
@@ -233,6 +243,14 @@ impl<'m> CudaEngine<'m> {
     /// Graph replays so far (tests assert decode replayed the graph).
     pub fn graph_replays(&self) -> u64 {
         self.graph.as_ref().map(|g| g.replays()).unwrap_or(0)
+    }
+    /// Replays of the timed decode graph of the current phase measurement
+    /// (0 when phases are off).
+    pub fn timed_graph_replays(&self) -> u64 {
+        self.phases
+            .borrow()
+            .as_ref()
+            .map_or(0, |p| p.graph_replays())
     }
     pub fn ubatch(&self) -> usize {
         self.plan.sizing.ubatch

@@ -10,11 +10,11 @@ use gemtune_kernels::runtime::Kernel;
 use super::buffers::HEAD_ROWS;
 use super::engine::{dev, plan_err, CudaEngine};
 use super::forward_plan::BucketPlan;
-use super::phases::Phases;
 use super::stages::Rows;
 use crate::engine::{Engine, EngineError, PhaseTimes};
 use crate::forward::Chunk;
 use crate::model::Model;
+use crate::step_bytes::StepReads;
 
 impl CudaEngine<'_> {
     /// Writes the chunk's tokens and positions into device memory. The
@@ -210,9 +210,13 @@ impl CudaEngine<'_> {
         Ok(())
     }
 
-    /// A single-token decode step through the captured graph.
+    /// A single-token decode step through the captured graph (the timed
+    /// one while phases are measured).
     fn decode_graph(&mut self, token: u32) -> Result<(), EngineError> {
         self.upload_inputs(&[token], self.pos)?;
+        if self.phases.get_mut().is_some() {
+            return self.decode_timed_graph();
+        }
         if self.graph.is_none() {
             self.gpu.begin_capture().map_err(dev)?;
             let body = self.decode_body();
@@ -225,6 +229,53 @@ impl CudaEngine<'_> {
             Some(g) => g.launch().map_err(dev),
             None => Err(EngineError::Device(
                 "decode graph missing after capture".into(),
+            )),
+        }
+    }
+
+    /// A decode step through the timed graph (`phases`): captured once per
+    /// `Phases`, the same launches as the untimed graph with an event-record
+    /// node at every phase mark.
+    fn decode_timed_graph(&mut self) -> Result<(), EngineError> {
+        let captured = self
+            .phases
+            .get_mut()
+            .as_ref()
+            .is_some_and(|p| p.has_graph());
+        if !captured {
+            // Every mark of a step, with room: a layer marks at most 24
+            // phases (vendor arms add a conversion before each matmul).
+            let expect = 24 * self.model.config().n_layers + 16;
+            if let Some(p) = self.phases.get_mut().as_mut() {
+                p.begin_capture(&self.gpu, expect).map_err(dev)?;
+            }
+            self.gpu.begin_capture().map_err(dev)?;
+            let body = self
+                .decode_body()
+                .and_then(|()| match self.phases.borrow_mut().as_mut() {
+                    Some(p) => p.close_capture(&self.gpu).map_err(dev),
+                    None => Ok(()),
+                });
+            // End the capture whatever happened, so the stream is usable.
+            let g = self.gpu.end_capture();
+            let g = match (body, g) {
+                (Ok(()), Ok(g)) => Ok(g),
+                (Err(e), _) => Err(e),
+                (Ok(()), Err(e)) => Err(dev(e)),
+            };
+            let (keep, result) = match g {
+                Ok(g) => (Some(g), Ok(())),
+                Err(e) => (None, Err(e)),
+            };
+            if let Some(p) = self.phases.get_mut().as_mut() {
+                p.finish_capture(&self.gpu, keep).map_err(dev)?;
+            }
+            result?;
+        }
+        match self.phases.get_mut().as_mut() {
+            Some(p) => p.replay(&self.gpu).map_err(dev),
+            None => Err(EngineError::Device(
+                "phases were turned off during a timed decode step".into(),
             )),
         }
     }
@@ -299,7 +350,6 @@ impl Engine for CudaEngine<'_> {
         if tokens.len() == 1
             && chunk.keep.len() == 1
             && self.use_graph
-            && self.phases.borrow().is_none()
             && self.trace.borrow().is_none()
         {
             self.decode_graph(tokens[0])?;
@@ -314,10 +364,17 @@ impl Engine for CudaEngine<'_> {
         Ok(())
     }
     fn set_phases(&mut self, on: bool) -> bool {
+        // Turned off, the timing is parked rather than dropped: its timed
+        // decode graph is captured once per engine, not once per request.
         let p = self.phases.get_mut();
         match (on, p.is_some()) {
-            (true, false) => *p = Some(Phases::new()),
-            (false, true) => *p = None,
+            (true, false) => *p = Some(self.parked_phases.take().unwrap_or_default()),
+            (false, true) => {
+                if let Some(mut old) = p.take() {
+                    old.take();
+                    self.parked_phases = Some(old);
+                }
+            }
             _ => {}
         }
         true
@@ -327,5 +384,8 @@ impl Engine for CudaEngine<'_> {
     }
     fn describe(&self) -> Vec<String> {
         self.describe_lines()
+    }
+    fn step_reads(&self) -> Option<StepReads> {
+        Some(self.step_reads)
     }
 }

@@ -8,8 +8,10 @@
 //! - `weights`: the device copy of a model in the layouts the plan reads;
 //! - `forward_plan`: every launch of the forward pass per row bucket,
 //!   resolved at load (`ForwardPlan`), and loaded once;
+//! - `step_reads`: what a decode step of the plan reads (bench's floor);
 //! - `kv_cache`, `buffers`, `phases`: the cache, the fixed-address
-//!   activation buffers, the per-phase event timing;
+//!   activation buffers, the per-phase event timing (eager, and inside a
+//!   timed decode graph);
 //! - `engine`: `CudaEngine` and its construction;
 //! - `stages`: the Gemma 4 stages executing a bucket's plan (embed,
 //!   per-layer inputs, input norm, attention block, attention residual,
@@ -29,6 +31,7 @@ mod phases;
 pub mod planner;
 pub mod slots;
 mod stages;
+pub mod step_reads;
 mod weights;
 
 pub use engine::{CudaEngine, CudaOptions, BUILTIN_TUNED, DEFAULT_UBATCH};

@@ -8,6 +8,18 @@
 //!   back, as llama-bench does); t/s = N / time.
 //! - Each test runs once to warm up, then `-r` timed repetitions; the table
 //!   shows mean ± sample standard deviation of t/s.
+//! - tg rows also carry the accounting of a decode step
+//!   (`gemtune_engine::step_bytes`): the bytes it must move (mean over the
+//!   row's steps), the floor time of those bytes at the memory rate
+//!   (measured on the GPU at start with the stream-read kernel of
+//!   `kernels::timing::measure_ceilings`, or `--hbm-gbps`), and the share
+//!   of that floor the measured step reaches (`floor_pct`). The CPU rows
+//!   get no floor unless `--hbm-gbps` names a rate.
+//! - `--profile-phases` runs each test once more after its timed reps, with
+//!   GPU time per phase measured: prefill eagerly, decode through a timed
+//!   copy of the decode graph (`engine::cuda::phases`); the tg table adds
+//!   the step's wall time, the gap (wall time less the phases) and the
+//!   untimed step of the reps beside the timed one.
 //!
 //! Without `-m`, the synthetic e4b q8_0 model is written once into the
 //! scratch directory and reused. `--worker` serves `ab`: a JSON-lines
@@ -77,6 +89,10 @@ pub struct Args {
     /// Serve `ab` over stdin/stdout (JSON lines) instead of running tests.
     #[arg(long)]
     pub worker: bool,
+    /// Memory rate in GB/s for the tg rows' floor, instead of the HBM read
+    /// rate measured on the GPU at start (the CPU backend measures none).
+    #[arg(long, value_parser = cli::positive_f64)]
+    pub hbm_gbps: Option<f64>,
 }
 
 /// `-m MODEL`, or the synthetic e4b q8_0 written once into the scratch dir.
@@ -131,6 +147,8 @@ fn run_once(
         let fill = random_tokens(rng, depth, vocab);
         e.forward(&fill, LogitRows::None)?;
     }
+    // Phases, when measured, are the timed part's only.
+    let _ = e.take_phases();
     let mut pp = 0.0;
     if n_prompt > 0 {
         let prompt = random_tokens(rng, n_prompt, vocab);
@@ -248,10 +266,18 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         );
     }
     let ubatch = (args.ubatch as usize).min(need);
+    // The memory rate of the floor, before the engine takes device memory.
+    let hbm = if args.worker || args.n_gen == 0 {
+        None
+    } else {
+        memory_rate(&args, backend)
+    };
     let mut engine = build_engine(&model, backend, &args.cuda, need, ubatch, ubatch)?;
     if args.worker {
         return worker(engine.as_mut(), &model, &path, &args);
     }
+    // Phases are measured in a pass of their own after each test's reps.
+    let profile_phases = args.cuda.profile_phases && engine.set_phases(false);
     let mf = facts(&model, &path);
     let backend_name = engine.backend().to_string();
     let gpu = gpu_name(&backend_name);
@@ -269,6 +295,7 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
     if args.n_gen > 0 {
         tests.push((format!("tg{}", args.n_gen), 0, args.n_gen));
     }
+    let reads = engine.step_reads();
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
     for (name, p, g) in &tests {
@@ -279,7 +306,6 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         };
         eprintln!("bench: {label}: warm-up");
         run_once(engine.as_mut(), &mut rng, *p, *g, args.depth)?;
-        let _ = engine.take_phases();
         let mut tps = Vec::new();
         for r in 0..args.reps {
             let (pp, tg) = run_once(engine.as_mut(), &mut rng, *p, *g, args.depth)?;
@@ -292,6 +318,19 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
             tps.push(v);
         }
         let (m, sd) = mean_sd(&tps);
+        if profile_phases {
+            let (phases, wall_s) = profiled_pass(engine.as_mut(), &mut rng, *p, *g, args.depth)?;
+            if *g > 0 {
+                print_decode_phases(&label, &phases, wall_s * 1e3 / *g as f64, 1e3 / m, *g);
+            } else {
+                eprintln!("bench: {label} phases: eager prefill, GPU ms for the {p}-token pass:");
+                crate::engine_opts::print_phase_table(&phases, 1.0);
+            }
+        }
+        let step = (*g > 0)
+            .then(|| reads.map(|r| r.mean_step(model.config(), args.depth, *g)))
+            .flatten();
+        let floor_ms = step.zip(hbm).map(|(s, gbps)| s.floor_ms(gbps));
         results.push(BenchRow {
             schema_version: gemtune::results::BENCH_SCHEMA_VERSION,
             kind: gemtune::results::KIND_BENCH.into(),
@@ -317,23 +356,30 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
                 .map(|v| format!("{v}"))
                 .collect::<Vec<_>>()
                 .join(";"),
+            step_bytes: step.map(|s| s.total()),
+            step_kv_bytes: step.map(|s| s.kv()),
+            hbm_gbps: step.and(hbm),
+            floor_ms,
+            // The step takes 1000 / m ms.
+            floor_pct: floor_ms.map(|f| f * m / 10.0),
         });
-    }
-    if args.cuda.profile_phases {
-        crate::engine_opts::print_phases(engine.as_mut());
     }
     let mut out = std::io::stdout().lock();
     match args.output {
         Output::Md => {
             writeln!(
                 out,
-                "| model | size | params | backend | profile | gpu | test | t/s |"
+                "| model | size | params | backend | profile | gpu | test | t/s | step MB | floor ms | floor % |"
             )?;
-            writeln!(out, "| --- | ---: | ---: | --- | --- | --- | --- | ---: |")?;
+            writeln!(
+                out,
+                "| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"
+            )?;
+            let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
             for r in &results {
                 writeln!(
                     out,
-                    "| {} {} | {:.2} GiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                    "| {} {} | {:.2} GiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} |",
                     r.model,
                     r.wtype,
                     r.model_bytes as f64 / (1u64 << 30) as f64,
@@ -343,7 +389,16 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
                     r.gpu,
                     r.test,
                     r.tps_mean,
-                    r.tps_sd
+                    r.tps_sd,
+                    or_dash(r.step_bytes.map(|b| format!("{:.1}", b as f64 / 1e6))),
+                    or_dash(r.floor_ms.map(|f| format!("{f:.4}"))),
+                    or_dash(r.floor_pct.map(|f| format!("{f:.1}"))),
+                )?;
+            }
+            if let Some(g) = results.iter().find_map(|r| r.hbm_gbps) {
+                writeln!(
+                    out,
+                    "\nstep MB: bytes a decode step must move (weights it uses, KV read and written, logits); floor: those bytes at {g:.0} GB/s; floor %: floor / measured step time."
                 )?;
             }
         }
@@ -360,6 +415,95 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         }
     }
     Ok(Exit::Pass)
+}
+
+/// The memory rate of the tg rows' floor, GB/s: `--hbm-gbps`, else the
+/// HBM read rate measured on the GPU (the CUDA backend); None on the CPU
+/// backend without `--hbm-gbps`, or when the measurement fails (said on
+/// stderr: the rows then carry no floor rather than a guess).
+fn memory_rate(args: &Args, backend: Backend) -> Option<f64> {
+    if let Some(g) = args.hbm_gbps {
+        eprintln!("bench: floor at --hbm-gbps {g} GB/s");
+        return Some(g);
+    }
+    if backend != Backend::Cuda {
+        return None;
+    }
+    let measured = gemtune_kernels::gpu::Gpu::new(args.cuda.device())
+        .and_then(|gpu| gemtune_kernels::measure_ceilings(&gpu));
+    match measured {
+        Ok(c) => {
+            eprintln!(
+                "bench: HBM read rate {:.0} GB/s (stream kernel over {:.2} GiB, median of 20 passes; --hbm-gbps overrides): the tg rows' floor",
+                c.hbm_read_gbps,
+                c.hbm_buffer_bytes as f64 / (1u64 << 30) as f64
+            );
+            Some(c.hbm_read_gbps)
+        }
+        Err(e) => {
+            eprintln!("bench: could not measure the HBM read rate ({e}); the tg rows get no floor (--hbm-gbps sets one)");
+            None
+        }
+    }
+}
+
+/// One more pass of a test with phases measured, after a warm-up pass
+/// with them (which captures the timed decode graph): the phases of the
+/// measured pass's timed part, and its wall time in seconds.
+fn profiled_pass(
+    e: &mut dyn Engine,
+    rng: &mut ChaCha8Rng,
+    n_prompt: usize,
+    n_gen: usize,
+    depth: usize,
+) -> anyhow::Result<(PhaseTimes, f64)> {
+    e.set_phases(true);
+    let pass = (|| -> anyhow::Result<(PhaseTimes, f64)> {
+        run_once(e, rng, n_prompt, n_gen, depth)?;
+        let (pp, tg) = run_once(e, rng, n_prompt, n_gen, depth)?;
+        Ok((e.take_phases().unwrap_or_default(), pp + tg))
+    })();
+    e.set_phases(false);
+    pass
+}
+
+/// The decode phase table of a tg test (stderr), per step: GPU time per
+/// phase, their sum, the replays' span, the timed and untimed step wall
+/// times and the gap between the step and its phases.
+fn print_decode_phases(label: &str, p: &PhaseTimes, step_ms: f64, untimed_ms: f64, n: usize) {
+    let graph = p.graph_steps > 0;
+    eprintln!(
+        "bench: {label} phases: {}, GPU ms per step:",
+        if graph {
+            "graph decode (event-record nodes in a timed copy of the decode graph)"
+        } else {
+            "eager decode (--no-graph)"
+        }
+    );
+    crate::engine_opts::print_phase_table(p, n as f64);
+    let sum = p.total_ms() / n as f64;
+    let line = |what: &str, ms: f64, note: &str| eprintln!("{what:<14} {ms:>12.4}   {note}");
+    if graph {
+        line(
+            "graph replay",
+            p.graph_ms / p.graph_steps as f64,
+            "GPU span of a replay, from events around its launch",
+        );
+    }
+    line("step (timed)", step_ms, "wall time per step, host clock");
+    line(
+        "gap",
+        step_ms - sum,
+        "step (timed) - sum of phases: input upload, graph launch, logits copy, idle",
+    );
+    line(
+        "step (untimed)",
+        untimed_ms,
+        &format!(
+            "the row's mean step; timing phases costs {:+.1} %",
+            100.0 * (step_ms / untimed_ms - 1.0)
+        ),
+    );
 }
 
 fn phases_json(p: &Option<PhaseTimes>) -> serde_json::Value {
@@ -501,9 +645,6 @@ fn worker_bench(
 ) -> anyhow::Result<serde_json::Value> {
     let get = |k: &str| req.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
     let (p, g, d) = (get("n_prompt"), get("n_gen"), get("depth"));
-    // A backend that cannot time phases answers without them.
-    let want_phases =
-        req.get("phases").and_then(|v| v.as_bool()).unwrap_or(false) && e.set_phases(true);
     if p + g + d + 1 > e.max_seq() {
         bail!(
             "bench: depth + prompt + generation = {} exceeds the worker's context of {}",
@@ -511,8 +652,17 @@ fn worker_bench(
             e.max_seq()
         );
     }
-    let _ = e.take_phases();
+    // A backend that cannot time phases answers without them.
+    let want_phases =
+        req.get("phases").and_then(|v| v.as_bool()).unwrap_or(false) && e.set_phases(true);
     let vocab = e.model().vocab_size();
+    if want_phases && g > 0 {
+        // One decode step first, untimed: it captures the timed decode
+        // graph (once per worker), which the timed steps then only replay.
+        e.reset();
+        e.forward(&[2], LogitRows::Last)?;
+    }
+    let _ = e.take_phases();
     e.reset();
     if d > 0 {
         e.forward(&random_tokens(rng, d, vocab), LogitRows::None)?;

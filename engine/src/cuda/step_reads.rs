@@ -1,0 +1,77 @@
+//! What a one-token decode step of the CUDA engine reads
+//! (`crate::step_bytes::StepReads`), from its forward plan: each
+//! projection matrix of the one-row bucket in the layout that bucket's
+//! launch reads (GGUF blocks, a quant plane with f16 or f32 scales, or the
+//! vendor arm's bf16 copy), the embedding and PLE rows in the types the
+//! gather kernels read, and the cache element of the plan's KV type.
+//! Resolved without a GPU, like the plan.
+
+use gemtune_kernels::bind::matmul::{ScaleType, WeightLayout};
+
+use super::forward_plan::{ForwardPlan, MatDim, MatmulExec, MatmulPlan, ModelDims};
+use crate::config::Gemma4Config;
+use crate::step_bytes::{vector_bytes, StepReads};
+
+/// Bytes of an `[n][k]` matrix of device type `t` in `layout`. Planes hold
+/// the blocks' quants (a block without its f16 scale) and one scale per
+/// 32-element block; only Q8_0 and Q4_0 have planes.
+pub fn layout_bytes((n, k, t): MatDim, layout: WeightLayout) -> u64 {
+    let blocks = (n * k / t.block_size()) as u64;
+    match layout {
+        WeightLayout::GgufBlocks => blocks * t.type_size() as u64,
+        WeightLayout::Planes { scales } => {
+            let scale = match scales {
+                ScaleType::F16 => 2,
+                ScaleType::F32 => 4,
+            };
+            blocks * (t.type_size() as u64 - 2 + scale)
+        }
+    }
+}
+
+/// Bytes projection `m` reads at one row: its matrix once, in the layout
+/// its launch reads (a row-blocked GEMV runs its one-row block).
+pub fn matmul_bytes(m: &MatmulPlan) -> u64 {
+    match &m.exec {
+        MatmulExec::Kernel { binding, .. } => layout_bytes(m.dim, binding.layout),
+        MatmulExec::RowBlocks { blocks } => blocks
+            .first()
+            .map_or(0, |(_, b)| layout_bytes(m.dim, b.layout)),
+        MatmulExec::Vendor { .. } => (m.dim.0 * m.dim.1 * 2) as u64,
+    }
+}
+
+/// The reads of a decode step of `plan` (made from `dims` for `cfg`);
+/// `None` when the plan has no one-row bucket with a head.
+pub fn of_plan(plan: &ForwardPlan, cfg: &Gemma4Config, dims: &ModelDims) -> Option<StepReads> {
+    let b = plan.bucket(1)?;
+    let head = b.head.as_ref()?;
+    let mut matrices = matmul_bytes(&head.matmul);
+    if let Some(p) = &b.per_layer_inputs {
+        matrices += matmul_bytes(&p.model_proj);
+    }
+    for l in &b.layers {
+        matrices += [&l.qkv, &l.o, &l.gate_up, &l.down]
+            .into_iter()
+            .map(matmul_bytes)
+            .sum::<u64>();
+        if let Some(p) = &l.ple {
+            matrices += matmul_bytes(&p.gate) + matmul_bytes(&p.proj);
+        }
+    }
+    // A table row is whole blocks (the GGUF reader refuses anything else).
+    let row = |t: gemtune_kernels::quant::GgmlType, n: usize| {
+        (n.div_ceil(t.block_size()) * t.type_size()) as u64
+    };
+    let mut rows = row(dims.embd_type, cfg.d_model);
+    if let Some(t) = dims.ple_type {
+        rows += row(t, cfg.n_layers * cfg.ple_dim);
+    }
+    Some(StepReads {
+        matrices,
+        rows,
+        vectors: vector_bytes(cfg),
+        kv_elem: plan.sizing.kv_type.bytes() as u64,
+        logits: 4 * dims.vocab as u64,
+    })
+}
