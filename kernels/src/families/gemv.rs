@@ -149,7 +149,7 @@ impl Family for Gemv {
             // 7 live words per Q5_K chunk (nibbles, high word, two scales)
             // times 16 chunks in flight, next to 8 x 8 accumulators.
             return Err(format!(
-                "Q5_K on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spills on sm_80); at most 8",
+                "Q5_K on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spilled on sm_80 and sm_89); at most 8",
                 rows * unroll
             ));
         }
