@@ -10,7 +10,7 @@
 
 use crate::compile::{compile, Arch, CompileError, CompiledVariant};
 use crate::defines::Defines;
-use crate::family::Family;
+use crate::kernel_family::Family;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
