@@ -13,8 +13,10 @@
 
 #pragma once
 
+// The ggml type ids (kquant.cuh and gather.cuh use the same values, so the
+// GEMMs can compare WTYPE and DQ_TYPE against one set of names).
 #define F16 1
-#define BF16 2
+#define BF16 30
 #if DQ_TYPE != F16 && DQ_TYPE != BF16
 #error "DQ_TYPE must be F16 or BF16"
 #endif

@@ -2,11 +2,14 @@
 // raw in shared memory) to f16 or bf16 in registers and runs f16/bf16
 // tensor-core MMA with fp32 accumulation.
 //
-// Computes y[m][n] = sum_k h(x[m][k]) * h(d[n][k/32] * q[n][k]) where h rounds
-// to DQ_TYPE (nearest even) and the products are summed in fp32 by
+// Computes y[m][n] = sum_k h(x[m][k]) * h(w[n][k]) where h rounds to DQ_TYPE
+// (nearest even), w is the weight as ggml dequantizes it (d * q for Q8_0 /
+// Q4_0), and the products are summed in fp32 by
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}. Weights are host-repacked
 // planes: quants wq[n][k] (Q8_0 int8) or wq[n][k/2] (Q4_0, GGUF nibble order
-// per 16-byte block) and f32 scales wd[n][k/32]. Activations are converted
+// per 16-byte block) and f32 scales wd[n][k/32]; the k-quants' nibble plane
+// and GEMM side words, and F16/BF16 values as stored (dq_ktypes.cuh).
+// Activations are converted
 // f32 -> DQ_TYPE by a pre-pass (gemm_dq_convert, one thread per 2 values)
 // into xh[m][k]; the conversion runs once per layer input, shared by every
 // matmul that reads it, so it is not part of the GEMM's time. y is [m][n].
@@ -32,11 +35,13 @@
 // tight against the CPU replay with the same roundings (fp32 summation only).
 // xh (the pre-pass output) is only meaningful to gemm_dq: its k order is the
 // permuted one above, and K must be a multiple of 32.
-// Dynamic shared memory: STAGES * (BM*PAD16(2*BK) + BN*PAD16(BKW) + 4*BN*BK/32)
-// bytes, BKW = BK (Q8_0) or BK/2 (Q4_0).
+// Dynamic shared memory: STAGES * (BM*PAD16(2*BK) + BN*PAD16(BKW) + 4*BN*BK/32*SW)
+// bytes, BKW = BK (Q8_0), BK/2 (Q4_0, k-quants) or 2*BK (F16, BF16); SW the
+// scale or side words per 32 elements: 1 (Q8_0, Q4_0), 2 (Q4_K), 4 (Q5_K,
+// Q6_K), 0 (F16, BF16).
 //
 // Defines:
-//   WTYPE     weight type: Q8_0 | Q4_0
+//   WTYPE     weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
 //   DQ_TYPE   MMA operand type: F16 | BF16
 //   BM        tokens per CTA tile (multiple of 16*WARPS_M)
 //   BN        features per CTA tile (multiple of 8*WARPS_N)
@@ -77,6 +82,12 @@
 #include "common.cuh"
 #include "stage_copy.cuh"
 #include "dq_convert.cuh"
+#include "kquant.cuh"
+#include "dq_ktypes.cuh"
+
+#if WTYPE != Q8_0 && WTYPE != Q4_0 && !IS_KQUANT(WTYPE) && !IS_W16(WTYPE)
+#error "WTYPE must be Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16 or BF16"
+#endif
 
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WM (BM / WARPS_M)
@@ -86,36 +97,55 @@
 #define KB (BK / 32)
 #if WTYPE == Q8_0
 #define BKW BK
+#elif IS_W16(WTYPE)
+#define BKW (2 * BK)
 #else
 #define BKW (BK / 2)
+#endif
+// Scale (Q8_0, Q4_0) or side (k-quants) words per 32 elements.
+#if IS_KQUANT(WTYPE)
+#define SW KQ_W
+#elif IS_W16(WTYPE)
+#define SW 0
+#else
+#define SW 1
 #endif
 #define SA PAD16(2 * BK)
 #define SB PAD16(BKW)
 #define A_BYTES (BM * SA)
 #define B_BYTES (BN * SB)
-#define SCB_BYTES (BN * KB * 4)
+#define SCB_BYTES (BN * KB * 4 * SW)
 #define STAGE_BYTES (A_BYTES + B_BYTES + SCB_BYTES)
 
 #if BM % (16 * WARPS_M) != 0 || BN % (8 * WARPS_N) != 0
 #error "tile does not divide the warp layout"
 #endif
 
-// The stage's three tiles (stage_copy.cuh): activations (8 DQ_TYPE values
-// per 16-byte chunk), weight quants (16 or 32 k per chunk) and scales (one
-// f32 per 32 k), their row strides recomputed from K per tile.
+// The stage's tiles (stage_copy.cuh): activations (8 DQ_TYPE values per
+// 16-byte chunk), weights (int8 quants 16 k, nibbles 32 k or 16-bit values
+// 8 k per chunk) and, beside quants, their scales (one f32 per 32 k) or
+// side words (dq_ktypes.cuh), their row strides recomputed from K per tile.
 typedef StageTile<16, 8, 2, 1, BK, BM, THREADS, SA> ATile;
 #if WTYPE == Q8_0
 typedef StageTile<16, 16, 1, 1, BK, BN, THREADS, SB> BTile;
+#elif IS_W16(WTYPE)
+typedef StageTile<16, 8, 2, 1, BK, BN, THREADS, SB> BTile;
 #else
 typedef StageTile<16, 32, 1, 2, BK, BN, THREADS, SB> BTile;
 #endif
+#if SW == 1
 typedef StageTile<4, 32, 1, 8, BK, BN, THREADS, KB * 4> STile;
+#elif SW > 0
+typedef KqSideTile<BK, BN, THREADS> STile;
+#endif
 
 // One thread's share of the stage copies, fixed for the whole k loop.
 struct Loader {
     ATile a;
     BTile b;
+#if SW > 0
     STile s;
+#endif
 };
 
 DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
@@ -123,7 +153,11 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
     Loader L;
     STAGE_TILE_INIT(ATile, L.a, xh, m0, M, K, 0);
     STAGE_TILE_INIT(BTile, L.b, wq, n0, N, K, A_BYTES);
+#if SW > 0
     STAGE_TILE_INIT(STile, L.s, wd, n0, N, K, A_BYTES + B_BYTES);
+#else
+    (void)wd;  // F16 / BF16: no scales
+#endif
     return L;
 }
 
@@ -132,7 +166,9 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
 DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, int K) {
     L.a.copy(st, gst, base, kt, K);
     L.b.copy(st, gst, base, kt, K);
+#if SW > 0
     L.s.copy(st, gst, base, kt, K);
+#endif
 }
 
 // Dequantizes 4 biased bytes into the two MMA operand words (common.cuh).
@@ -167,13 +203,16 @@ DEVI void compute_steps(u32 a_lane, const u8* sB, const float* sSB, float (&acc)
             ldmatrix_x4(a_lane + i * 16 * SA + ks * 32, a[i][0], a[i][1], a[i][2], a[i][3]);
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            const float d = sSB[j * 8 * KB + ks / 2];
             u32 b0, b1;
-#if WTYPE == Q8_0
+#if IS_KQUANT(WTYPE) || IS_W16(WTYPE)
+            dq_ktype_words(sB + j * 8 * SB, sSB + j * 8 * KB * SW, ks, b0, b1);
+#elif WTYPE == Q8_0
+            const float d = sSB[j * 8 * KB + ks / 2];
             const u32 v = *reinterpret_cast<const u32*>(sB + j * 8 * SB + ks * 16);
             // int8 q -> unsigned q + 128 by flipping the sign bits.
             dq4(v ^ 0x80808080u, d, 0x64806480u, 8388736.0f, b0, b1);
 #else
+            const float d = sSB[j * 8 * KB + ks / 2];
             // k16 step ks is the low (even ks) or high (odd ks) nibbles of block ks/2.
             const u32 v = *reinterpret_cast<const u32*>(sB + j * 8 * SB + (ks / 2) * 16);
             const u32 nib = (ks % 2) ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu;
@@ -185,7 +224,7 @@ DEVI void compute_steps(u32 a_lane, const u8* sB, const float* sSB, float (&acc)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, MI * NJ * 4))
+extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, MI * NJ * 4 + DQ_EXTRA_REGS))
 gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __restrict__ xh,
         float* __restrict__ y, int M, int N, int K) {
     extern __shared__ __align__(128) u8 smem[];
@@ -206,8 +245,8 @@ gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __re
     // Per-lane fragment addresses inside a stage.
     const u32 a_lane = s0 + (wm * WM + (lane & 15)) * SA + (lane >> 4) * 16;
     const int nl = wn * WN + g;
-    const u8* b_lane = smem + A_BYTES + nl * SB + tig * 4;
-    const float* s_lane = reinterpret_cast<const float*>(smem + A_BYTES + B_BYTES) + nl * KB;
+    const u8* b_lane = smem + A_BYTES + nl * SB + tig * DQ_LANE_BYTES;
+    const float* s_lane = reinterpret_cast<const float*>(smem + A_BYTES + B_BYTES) + nl * KB * SW;
     const int KT = (K + BK - 1) / BK;
 #if STAGES == 1
     for (int kt = 0; kt < KT; ++kt) {

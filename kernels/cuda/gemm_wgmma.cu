@@ -4,8 +4,10 @@
 // shared memory through a matrix descriptor (128-byte swizzle). The wgmma
 // wrappers are wgmma.cuh's, the stage copies stage_copy.cuh's.
 //
-// Computes y[m][n] = sum_k h(x[m][k]) * h(d[n][k/32] * q[n][k]), the same
-// function and the same operand roundings h (to DQ_TYPE) as gemm_dq, with
+// Computes y[m][n] = sum_k h(x[m][k]) * h(w[n][k]), w the weight as ggml
+// dequantizes it (d * q for Q8_0 / Q4_0; the k-quants and F16 / BF16 as in
+// dq_ktypes.cuh), the same function and the same operand roundings h (to
+// DQ_TYPE) as gemm_dq, with
 // fp32 accumulation in wgmma.mma_async.m64nBMk16.f32.{f16,bf16}. The MMA is
 // laid out transposed with respect to y: its M side is 64 output features per
 // warpgroup (A = dequantized weights, in registers) and its N side is the BM
@@ -40,11 +42,13 @@
 // tight against the CPU replay with the same roundings (fp32 summation only).
 // K must be a multiple of 32. Requires sm_90a (compiled with that target).
 // Dynamic shared memory: 1024 (alignment slack) + STAGES * STAGE_BYTES, with
-// STAGE_BYTES = round_up(BM*128 + BN*PAD16(BKW) + BN*8, 1024) and BKW = 64
-// (Q8_0) or 32 (Q4_0).
+// STAGE_BYTES = round_up(BM*128 + BN*PAD16(BKW) + BN*8*SCW, 1024), BKW = 64
+// (Q8_0), 32 (Q4_0, k-quants) or 128 (F16, BF16) and SCW the scale or side
+// words per 32 elements: 1 (Q8_0, Q4_0), 2 (Q4_K), 4 (Q5_K, Q6_K), 0 (F16,
+// BF16).
 //
 // Defines:
-//   WTYPE     weight type: Q8_0 | Q4_0
+//   WTYPE     weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
 //   DQ_TYPE   MMA operand type: F16 | BF16
 //   BM        tokens per CTA tile = the wgmma N: 64 | 128 | 192 | 256
 //   WG        consumer warpgroups per CTA: 1 | 2 | 3
@@ -80,6 +84,12 @@
 // proxy (stage_copy.cuh's synchronous engine is for gemm_dq and mmq).
 #define CP_ASYNC 1
 #include "stage_copy.cuh"
+#include "kquant.cuh"
+#include "dq_ktypes.cuh"
+
+#if WTYPE != Q8_0 && WTYPE != Q4_0 && !IS_KQUANT(WTYPE) && !IS_W16(WTYPE)
+#error "WTYPE must be Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16 or BF16"
+#endif
 
 #if DQ_TYPE == F16
 #define WG_T "f16"
@@ -103,35 +113,55 @@
 #define NACC (BM / 2)
 #if WTYPE == Q8_0
 #define BKW 64
+#elif IS_W16(WTYPE)
+#define BKW 128
 #else
 #define BKW 32
+#endif
+// Scale (Q8_0, Q4_0) or side (k-quants) words per 32 elements.
+#if IS_KQUANT(WTYPE)
+#define SCW KQ_W
+#elif IS_W16(WTYPE)
+#define SCW 0
+#else
+#define SCW 1
 #endif
 #define SW PAD16(BKW)
 #define X_BYTES (BM * 128)
 #define W_BYTES (BN * SW)
-#define S_BYTES (BN * 8)
+#define S_BYTES (BN * 8 * SCW)
 #define STAGE_BYTES (((X_BYTES + W_BYTES + S_BYTES) + 1023) / 1024 * 1024)
 
 DEVI void red_add_f32(float* p, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory");
 }
 
-// The stage's three tiles (stage_copy.cuh): activations (BM rows of 64 k,
-// 128 bytes, in the 128-byte swizzle the descriptor names), weight quants
-// (padded rows, conflict-free 4-byte reads) and scales (one f32 per 32 k).
+// The stage's tiles (stage_copy.cuh): activations (BM rows of 64 k, 128
+// bytes, in the 128-byte swizzle the descriptor names), weights (padded
+// rows, conflict-free 4- or 8-byte reads: int8 quants, nibbles or 16-bit
+// values) and, beside quants, their scales (one f32 per 32 k) or side words
+// (dq_ktypes.cuh).
 typedef StageTile<16, 8, 2, 1, BK, BM, THREADS, 128, true> XTile;
 #if WTYPE == Q8_0
 typedef StageTile<16, 16, 1, 1, BK, BN, THREADS, SW> WTile;
+#elif IS_W16(WTYPE)
+typedef StageTile<16, 8, 2, 1, BK, BN, THREADS, SW> WTile;
 #else
 typedef StageTile<16, 32, 1, 2, BK, BN, THREADS, SW> WTile;
 #endif
+#if SCW == 1
 typedef StageTile<4, 32, 1, 8, BK, BN, THREADS, 8> STile;
+#elif SCW > 0
+typedef KqSideTile<BK, BN, THREADS> STile;
+#endif
 
 // One thread's share of the stage copies, fixed for the whole k loop.
 struct Loader {
     XTile x;
     WTile w;
+#if SCW > 0
     STile s;
+#endif
 };
 
 DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
@@ -139,7 +169,11 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
     Loader L;
     STAGE_TILE_INIT(XTile, L.x, xh, m0, M, K, 0);
     STAGE_TILE_INIT(WTile, L.w, wq, n0, N, K, X_BYTES);
+#if SCW > 0
     STAGE_TILE_INIT(STile, L.s, wd, n0, N, K, X_BYTES + W_BYTES);
+#else
+    (void)wd;  // F16 / BF16: no scales
+#endif
     return L;
 }
 
@@ -148,7 +182,9 @@ DEVI Loader make_loader(const u8* __restrict__ wq, const float* __restrict__ wd,
 DEVI void load_stage(const Loader& L, u32 st, u8* gst, const u8* base, int kt, int K) {
     L.x.copy(st, gst, base, kt, K);
     L.w.copy(st, gst, base, kt, K);
+#if SCW > 0
     L.s.copy(st, gst, base, kt, K);
+#endif
 }
 
 // Dequantizes this thread's A fragments of one stage: for each 64-feature
@@ -162,6 +198,11 @@ DEVI void dequant_stage(const u8* w_row, const float* s_row, u32 (&a)[MW][4][4])
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const u8* wr = w_row + (i * 64 + 8 * h) * SW;
+#if IS_KQUANT(WTYPE) || IS_W16(WTYPE)
+            const float* sr = s_row + (i * 64 + 8 * h) * 2 * SCW;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) dq_ktype_words(wr, sr, ks, a[i][ks][h], a[i][ks][2 + h]);
+#else
             const float* sr = s_row + (i * 64 + 8 * h) * 2;
             const float d0 = sr[0], d1 = sr[1];
 #pragma unroll
@@ -186,6 +227,7 @@ DEVI void dequant_stage(const u8* w_row, const float* s_row, u32 (&a)[MW][4][4])
 #endif
 #endif
             }
+#endif
         }
     }
 }
@@ -247,8 +289,8 @@ gemm_wgmma(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* _
     const u8* base = wq;
     // Row g of this warp's 16 rows in 64-feature block 0 of this warpgroup.
     const int fl = wg * 64 * MW + warp * 16 + g;
-    const u8* w_lane = smem + X_BYTES + fl * SW + tig * 4;
-    const float* s_lane = reinterpret_cast<const float*>(smem + X_BYTES + W_BYTES) + fl * 2;
+    const u8* w_lane = smem + X_BYTES + fl * SW + tig * DQ_LANE_BYTES;
+    const float* s_lane = reinterpret_cast<const float*>(smem + X_BYTES + W_BYTES) + fl * 2 * SCW;
     const int KT = (K + BK - 1) / BK;
     const int kt0 = (int)(((long long)KT * blockIdx.z) / KSPLIT);
     const int NT = (int)(((long long)KT * (blockIdx.z + 1)) / KSPLIT) - kt0;

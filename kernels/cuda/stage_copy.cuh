@@ -25,6 +25,17 @@ DEVI void copy16(u32 dst, u8* gdst, const void* src, bool ok) {
     *reinterpret_cast<uint4*>(gdst) = v;
 #endif
 }
+DEVI void copy8(u32 dst, u8* gdst, const void* src, bool ok) {
+#if CP_ASYNC
+    (void)gdst;
+    cp_async8(dst, src, ok ? 8 : 0);
+#else
+    (void)dst;
+    uint2 v = make_uint2(0, 0);
+    if (ok) v = *reinterpret_cast<const uint2*>(src);
+    *reinterpret_cast<uint2*>(gdst) = v;
+#endif
+}
 DEVI void copy4(u32 dst, u8* gdst, const void* src, bool ok) {
 #if CP_ASYNC
     (void)gdst;
@@ -53,13 +64,16 @@ template <> struct Record<8> { typedef float2 T; };
 // One operand tile of a stage and this thread's share of copying it.
 //
 // The operand is a row-major global matrix whose rows hold K elements of
-// BytesNum / BytesDen bytes each (f16 activations 2/1, int8 quants 1/1, Q4_0
-// nibbles 1/2, one f32 scale per 32 elements 1/8, a Q8_1 (d, sum) pair per
-// 32 elements 1/4). A stage holds KTile elements of k of Rows rows, copied
-// in chunks of Chunk bytes (16, or 4 for scales) that each cover KPerChunk
-// elements of k. A 4-byte chunk is one record of KPerChunk * BytesNum /
-// BytesDen bytes (equal to 4 except where a chunk picks the first field of
-// a longer record: the d of Q8_1's (d, sum) pairs). In shared memory the
+// BytesNum / BytesDen bytes each (f16 activations and F16 / BF16 weights
+// 2/1, int8 quants 1/1, Q4_0 and k-quant nibbles 1/2, one f32 scale per 32
+// elements 1/8, a Q8_1 (d, sum) pair per 32 elements 1/4, the k-quants'
+// GEMM side words per 32 elements: Q4_K's two 1/4, Q5_K's and Q6_K's four
+// 1/2). A stage holds KTile elements of k of Rows rows, copied in chunks of
+// Chunk bytes (16; 8 for Q4_K's side words; 4 for scales) that each cover
+// KPerChunk elements of k. A 4-byte chunk is one record of KPerChunk *
+// BytesNum / BytesDen bytes (equal to 4 except where a chunk picks the
+// first field of a longer record: the d of Q8_1's (d, sum) pairs); 16- and
+// 8-byte chunks are whole. In shared memory the
 // tile's rows are RowPitch bytes apart, chunks packed in order, or with
 // Swizzle in the 128-byte swizzle (16-byte chunk c of row r at chunk
 // c ^ (r % 8)).
@@ -94,12 +108,13 @@ struct StageTile {
         kPasses = (Rows + kRowStep - 1) / kRowStep,
         kRecord = KPerChunk * BytesNum / BytesDen,  // source bytes per 4-byte chunk
     };
-    static_assert(Chunk == 16 || Chunk == 4, "chunks are 16 or 4 bytes");
+    static_assert(Chunk == 16 || Chunk == 8 || Chunk == 4, "chunks are 16, 8 or 4 bytes");
     static_assert(KTile % KPerChunk == 0 && Threads % kChunksPerRow == 0,
                   "the chunks of a row must divide the threads");
     static_assert((kRowStep * BytesNum) % BytesDen == 0 && (KTile * BytesNum) % BytesDen == 0,
                   "row and tile steps must be whole bytes");
-    static_assert(Chunk == 16 || kRecord == 4 || kRecord == 8, "4-byte chunks read 4- or 8-byte records");
+    static_assert(Chunk != 4 || kRecord == 4 || kRecord == 8, "4-byte chunks read 4- or 8-byte records");
+    static_assert(Chunk == 4 || kRecord == Chunk, "16- and 8-byte chunks are whole");
     static_assert(!Swizzle || (Chunk == 16 && kChunksPerRow == 8 && kRowStep % 8 == 0),
                   "the swizzle needs 128-byte rows and row steps that keep row % 8");
 
@@ -131,6 +146,8 @@ struct StageTile {
                 const u32 o = off + it * kRowStep * RowPitch;
                 if (Chunk == 16)
                     copy16(st + o, gst + o, ok ? p : base, ok);
+                else if (Chunk == 8)
+                    copy8(st + o, gst + o, ok ? p : base, ok);
                 else
                     copy4(st + o, gst + o, ok ? p : base, ok);
             }

@@ -258,28 +258,28 @@ fn wrong_kind(want: ProblemKind, got: &Problem) -> String {
 }
 
 /// Checks that the WTYPE define matches the problem's weight type and that
-/// the type is one the families implement (Q8_0, Q4_0; Q6_K for the GEMV,
-/// see `check_block32_wtype`).
+/// the type is one the matmul families implement (`WType`), with `k` a
+/// positive multiple of the type's block (256 for the k-quants, 32 for
+/// Q8_0/Q4_0, 1 for F16/BF16: the families add their own alignment rules).
 pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, String> {
     let w = get_str(d, "WTYPE")?;
-    let wt = match w.as_str() {
-        "Q8_0" => WType::Q8_0,
-        "Q4_0" => WType::Q4_0,
-        "Q6_K" => WType::Q6K,
-        other
-            if ["q8_0", "q4_0", "q6_k"]
+    let wt = match WType::ALL.iter().find(|t| t.define() == w) {
+        Some(t) => *t,
+        None => {
+            if let Some(t) = WType::ALL
                 .iter()
-                .any(|n| other.eq_ignore_ascii_case(n)) =>
-        {
+                .find(|t| t.define().eq_ignore_ascii_case(&w))
+            {
+                return Err(format!(
+                    "WTYPE={w}: write it in upper case ({}), the kernel compares macro names",
+                    t.define()
+                ));
+            }
+            let names: Vec<&str> = WType::ALL.iter().map(|t| t.define()).collect();
             return Err(format!(
-                "WTYPE={other}: write it in upper case ({}), the kernel compares macro names",
-                other.to_ascii_uppercase()
-            ))
-        }
-        other => {
-            return Err(format!(
-                "WTYPE={other}: only Q8_0, Q4_0 and (gemv) Q6_K are implemented"
-            ))
+                "WTYPE={w}: the matmul families implement {}",
+                names.join(", ")
+            ));
         }
     };
     if wt.ggml() != mp.wtype {
@@ -302,19 +302,21 @@ pub(crate) fn check_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, Stri
     Ok(wt)
 }
 
-/// `check_wtype` for the families that read 32-element blocks repacked into
-/// planes (mmq, gemm_dq, gemm_wgmma): Q6_K's 256-element super-blocks have
-/// no plane layout, so it is rejected with the family that serves it.
+/// `check_wtype` for the families that read Q8_0 and Q4_0 only (mmq: int8
+/// MMA on per-32 int8 quants): the other types are rejected with the
+/// families that serve them.
 pub(crate) fn check_block32_wtype(
     family: &str,
     d: &Defines,
     mp: &MatmulProblem,
 ) -> Result<WType, String> {
     match check_wtype(d, mp)? {
-        WType::Q6K => Err(format!(
-            "WTYPE=Q6_K: {family} reads Q8_0 and Q4_0 quant planes; Q6_K super-blocks are read by the gemv family only (ALGO=0, LAYOUT=0, FUSE=0)"
+        wt @ (WType::Q8_0 | WType::Q4_0) => Ok(wt),
+        wt => Err(format!(
+            "WTYPE={}: {family} reads Q8_0 and Q4_0 quant planes; {} weights are read by gemv, gemm_dq and gemm_wgmma",
+            wt.define(),
+            wt.define()
         )),
-        wt => Ok(wt),
     }
 }
 
@@ -324,28 +326,67 @@ pub fn wtype_define(t: GgmlType) -> DefineValue {
     DefineValue::Str(t.name().to_ascii_uppercase())
 }
 
-/// The weight types the matmul families implement. Q6_K (GGML's 256-element
-/// super-blocks) is read only by the gemv family, as GGUF blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The weight types the matmul families implement, each read from its own
+/// bits (GGUF blocks, or the lossless plane repacks of
+/// `crate::quant::repack`; `bind::matmul` says which layout a variant
+/// reads). The discriminants seed the check inputs, so new types go last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WType {
     Q8_0,
     Q4_0,
     Q6K,
+    Q4K,
+    Q5K,
+    F16,
+    Bf16,
 }
 
 impl WType {
+    /// Every weight type, in discriminant order.
+    pub const ALL: [WType; 7] = [
+        WType::Q8_0,
+        WType::Q4_0,
+        WType::Q6K,
+        WType::Q4K,
+        WType::Q5K,
+        WType::F16,
+        WType::Bf16,
+    ];
     pub fn ggml(self) -> GgmlType {
         match self {
             WType::Q8_0 => GgmlType::Q8_0,
             WType::Q4_0 => GgmlType::Q4_0,
             WType::Q6K => GgmlType::Q6K,
+            WType::Q4K => GgmlType::Q4K,
+            WType::Q5K => GgmlType::Q5K,
+            WType::F16 => GgmlType::F16,
+            WType::Bf16 => GgmlType::Bf16,
         }
     }
     /// The weight type of a GGML type, if the matmul families read it.
     pub fn of(t: GgmlType) -> Option<WType> {
-        [WType::Q8_0, WType::Q4_0, WType::Q6K]
-            .into_iter()
-            .find(|w| w.ggml() == t)
+        WType::ALL.into_iter().find(|w| w.ggml() == t)
+    }
+    /// The WTYPE define value ("Q8_0", "Q4_K", "BF16"): the macro name the
+    /// kernels compare against.
+    pub fn define(self) -> &'static str {
+        match self {
+            WType::Q8_0 => "Q8_0",
+            WType::Q4_0 => "Q4_0",
+            WType::Q6K => "Q6_K",
+            WType::Q4K => "Q4_K",
+            WType::Q5K => "Q5_K",
+            WType::F16 => "F16",
+            WType::Bf16 => "BF16",
+        }
+    }
+    /// Q4_K, Q5_K or Q6_K (256-element super-blocks).
+    pub fn is_kquant(self) -> bool {
+        matches!(self, WType::Q4K | WType::Q5K | WType::Q6K)
+    }
+    /// F16 or BF16.
+    pub fn is_16bit(self) -> bool {
+        matches!(self, WType::F16 | WType::Bf16)
     }
     /// Elements per GGUF block (k must be a multiple).
     pub fn block_elems(self) -> usize {
@@ -356,14 +397,15 @@ impl WType {
     pub fn row_bytes(self, k: usize) -> usize {
         k / self.block_elems() * self.ggml().type_size()
     }
-    /// Bytes of quants per 32 elements (scales apart): the stride of a
-    /// quant plane. Q6_K has no plane layout; its 24 (ql and qh bytes of
-    /// 32 elements) is for byte counts only.
+    /// Bytes of the quant plane per 32 elements (scales apart): int8 for
+    /// Q8_0, nibbles for Q4_0 and the k-quants (their low 4 bits; the high
+    /// bits travel with the scales, `crate::quant::repack`), the values
+    /// themselves for F16/BF16.
     pub fn quant_bytes_per_block(self) -> usize {
         match self {
             WType::Q8_0 => 32,
-            WType::Q4_0 => 16,
-            WType::Q6K => 24,
+            WType::Q4_0 | WType::Q4K | WType::Q5K | WType::Q6K => 16,
+            WType::F16 | WType::Bf16 => 64,
         }
     }
 }

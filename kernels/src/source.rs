@@ -12,11 +12,13 @@ use std::collections::BTreeSet;
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../cuda/common.cuh")),
     ("quantize_q8_1.cu", include_str!("../cuda/quantize_q8_1.cu")),
+    ("kquant.cuh", include_str!("../cuda/kquant.cuh")),
     ("gemv.cu", include_str!("../cuda/gemv.cu")),
     ("stage_copy.cuh", include_str!("../cuda/stage_copy.cuh")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),
     ("dq_convert.cuh", include_str!("../cuda/dq_convert.cuh")),
     ("wgmma.cuh", include_str!("../cuda/wgmma.cuh")),
+    ("dq_ktypes.cuh", include_str!("../cuda/dq_ktypes.cuh")),
     ("gemm_dq.cu", include_str!("../cuda/gemm_dq.cu")),
     ("gemm_wgmma.cu", include_str!("../cuda/gemm_wgmma.cu")),
     ("stream.cu", include_str!("../cuda/stream.cu")),

@@ -174,6 +174,69 @@ fn gemv_q6k_variants_pass() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// The k-quant GEMVs on their planes (Q4_K, Q5_K, Q6_K: f32 FMA, the fp
+/// contract, and dp4a on Q8_1, approx with a tight replay) and the 16-bit
+/// ones (F16, BF16: f32 FMA): one, three and ten super-blocks per row (most
+/// lanes idle, a partial last lane round), F16/BF16 rows that are not whole
+/// 32-value rounds, odd row counts, and the fused, split-K and unroll paths.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_new_types_pass() {
+    let gpu = gpu();
+    let f = family("gemv").unwrap();
+    let mut bad = Vec::new();
+    for wt in [
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::F16,
+        GgmlType::Bf16,
+    ] {
+        let sizes: &[(usize, usize)] = if matches!(wt, GgmlType::F16 | GgmlType::Bf16) {
+            &[(1001, 96), (77, 2568), (1024, 2560)]
+        } else {
+            &[(1001, 256), (37, 768), (77, 2560), (1024, 2560)]
+        };
+        let shapes: Vec<Problem> = [1usize, 2, 3, 5, 8]
+            .iter()
+            .flat_map(|&m| {
+                sizes
+                    .iter()
+                    .map(move |&(n, k)| Problem::matmul(m, n, k, wt))
+            })
+            .collect();
+        let algos: &[i64] = if matches!(wt, GgmlType::F16 | GgmlType::Bf16) {
+            &[0]
+        } else {
+            &[0, 1]
+        };
+        for &algo in algos {
+            for (rows, warps, fuse, ksplit, unroll) in [
+                (2, 4, 0, 1, 1),
+                (1, 2, 0, 1, 2),
+                (1, 4, 1, 1, 1),
+                (3, 8, 0, 2, 1),
+                (1, 8, 0, 8, 4),
+            ] {
+                let d = with(
+                    f.default_defines(wt),
+                    &[
+                        ("ALGO", i(algo)),
+                        ("LAYOUT", i(1)),
+                        ("ROWS", i(rows)),
+                        ("WARPS", i(warps)),
+                        ("FUSE", i(fuse)),
+                        ("KSPLIT", i(ksplit)),
+                        ("UNROLL", i(unroll)),
+                    ],
+                );
+                bad.extend(check_all(&gpu, f, &d, &shapes));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 fn gemm_variants(name: &str) -> Vec<Vec<(&'static str, DefineValue)>> {
     if name == "gemm_wgmma" {
         return vec![
@@ -213,6 +276,27 @@ fn gemm_variants(name: &str) -> Vec<Vec<(&'static str, DefineValue)>> {
     v
 }
 
+/// The prefill GEMM shapes of the k-quants (k whole super-blocks: one, and
+/// ten with a partial last 64-k tile of none) and the 16-bit types (k a
+/// multiple of 32 with a partial last 64- and 128-k tile), partial token and
+/// feature tiles.
+fn new_type_shapes(wt: GgmlType) -> Vec<Problem> {
+    let ks: &[usize] = if matches!(wt, GgmlType::F16 | GgmlType::Bf16) {
+        &[32, 2592]
+    } else {
+        &[256, 2560]
+    };
+    let mut v = Vec::new();
+    for m in [1usize, 77, 256] {
+        for n in [64usize, 200, 1024] {
+            for &k in ks {
+                v.push(Problem::matmul(m, n, k, wt));
+            }
+        }
+    }
+    v
+}
+
 fn gemm_family_passes(name: &str) {
     let gpu = gpu();
     let f = family(name).unwrap();
@@ -221,6 +305,21 @@ fn gemm_family_passes(name: &str) {
         for extra in gemm_variants(name) {
             let d = with(f.default_defines(wt), &extra);
             bad.extend(check_all(&gpu, f, &d, &matmul_shapes(wt)));
+        }
+    }
+    // mmq reads per-32 int8 quants only.
+    if name != "mmq" {
+        for wt in [
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+            GgmlType::Bf16,
+        ] {
+            for extra in gemm_variants(name) {
+                let d = with(f.default_defines(wt), &extra);
+                bad.extend(check_all(&gpu, f, &d, &new_type_shapes(wt)));
+            }
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));

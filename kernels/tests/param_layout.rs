@@ -57,6 +57,16 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
         vec![(GgmlType::Q8_0, over.clone()), (GgmlType::Q4_0, over)]
     };
     let mut v = both(Vec::new());
+    if matches!(f.name(), "gemv" | "gemm_dq" | "gemm_wgmma") {
+        // The k-quant planes and the 16-bit weights, each on its defaults
+        // (gemv's Q6_K defaults, its GGUF-block path, are added below).
+        for wt in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::F16, GgmlType::Bf16] {
+            v.push((wt, Vec::new()));
+        }
+        if f.name() != "gemv" {
+            v.push((GgmlType::Q6K, Vec::new()));
+        }
+    }
     match f.name() {
         "gemv" => {
             v.push((GgmlType::Q6K, Vec::new()));

@@ -24,9 +24,12 @@
 //! Storage: 2-D matrices in the requested type; 1-D tensors F32; the two
 //! embedding tables as published files store them: Q8_0 for a q8_0 file,
 //! Q6_K for a q4_0 file (Q8_0 when the row is not a multiple of 256, as
-//! llama.cpp's quantizer falls back), the requested type for f32/f16.
+//! llama.cpp's quantizer falls back), the requested type for f32/f16/bf16.
+//! The k-quant file types (q4_k_m, q5_k_m, q6_k) hold the mix llama.cpp's
+//! quantizer writes (`mix`, docs/gemma4.md §4.3).
 
 pub mod demo;
+pub mod mix;
 pub mod presets;
 pub mod weights;
 
@@ -76,30 +79,44 @@ impl SynthVariant {
     }
 }
 
-/// Storage type of the 2-D weight matrices.
+/// The file type: the storage type of the 2-D weight matrices, uniform
+/// (f32, f16, bf16, q8_0, q4_0) or llama.cpp's k-quant mix (q4_k_m, q5_k_m,
+/// q6_k: `mix::tensor_types`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightType {
     F32,
     F16,
     Q8_0,
     Q4_0,
+    Bf16,
+    Q4KM,
+    Q5KM,
+    Q6K,
 }
 
 impl WeightType {
-    pub const ALL: [WeightType; 4] = [
+    pub const ALL: [WeightType; 8] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::Q8_0,
         WeightType::Q4_0,
+        WeightType::Bf16,
+        WeightType::Q4KM,
+        WeightType::Q5KM,
+        WeightType::Q6K,
     ];
 
-    /// CLI name: f32, f16, q8_0, q4_0.
+    /// CLI name: f32, f16, q8_0, q4_0, bf16, q4_k_m, q5_k_m, q6_k.
     pub fn name(self) -> &'static str {
         match self {
             WeightType::F32 => "f32",
             WeightType::F16 => "f16",
             WeightType::Q8_0 => "q8_0",
             WeightType::Q4_0 => "q4_0",
+            WeightType::Bf16 => "bf16",
+            WeightType::Q4KM => "q4_k_m",
+            WeightType::Q5KM => "q5_k_m",
+            WeightType::Q6K => "q6_k",
         }
     }
 
@@ -107,33 +124,59 @@ impl WeightType {
         WeightType::ALL.into_iter().find(|w| w.name() == s)
     }
 
+    /// The type of most matrices: the uniform type, or the k-quant mix's
+    /// base type (Q4_K, Q5_K, Q6_K).
     pub fn matrix_type(self) -> GgmlType {
         match self {
             WeightType::F32 => GgmlType::F32,
             WeightType::F16 => GgmlType::F16,
             WeightType::Q8_0 => GgmlType::Q8_0,
             WeightType::Q4_0 => GgmlType::Q4_0,
+            WeightType::Bf16 => GgmlType::Bf16,
+            WeightType::Q4KM => GgmlType::Q4K,
+            WeightType::Q5KM => GgmlType::Q5K,
+            WeightType::Q6K => GgmlType::Q6K,
         }
     }
 
-    /// Type of an embedding table whose rows have `row` elements.
+    /// Type of an embedding table whose rows have `row` elements: Q6_K for
+    /// q4_0 and the k-quant mixes (Q8_0 when the row is not whole 256-element
+    /// super-blocks, as llama.cpp's quantizer falls back), the file's type
+    /// otherwise.
     pub fn embedding_type(self, row: u64) -> GgmlType {
         match self {
-            WeightType::Q4_0 if row % 256 == 0 => GgmlType::Q6K,
-            WeightType::Q4_0 => GgmlType::Q8_0,
+            WeightType::Q4_0 | WeightType::Q4KM | WeightType::Q5KM | WeightType::Q6K
+                if row % 256 == 0 =>
+            {
+                GgmlType::Q6K
+            }
+            WeightType::Q4_0 | WeightType::Q4KM | WeightType::Q5KM | WeightType::Q6K => {
+                GgmlType::Q8_0
+            }
             other => other.matrix_type(),
         }
     }
 
     /// llama.cpp `general.file_type` (LLAMA_FTYPE_ALL_F32 = 0,
-    /// MOSTLY_F16 = 1, MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7).
+    /// MOSTLY_F16 = 1, MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7, MOSTLY_Q4_K_M = 15,
+    /// MOSTLY_Q5_K_M = 17, MOSTLY_Q6_K = 18, MOSTLY_BF16 = 32).
     pub fn file_type(self) -> u32 {
         match self {
             WeightType::F32 => 0,
             WeightType::F16 => 1,
             WeightType::Q4_0 => 2,
             WeightType::Q8_0 => 7,
+            WeightType::Q4KM => 15,
+            WeightType::Q5KM => 17,
+            WeightType::Q6K => 18,
+            WeightType::Bf16 => 32,
         }
+    }
+
+    /// Whether the file is a k-quant mix (types vary by tensor name and
+    /// layer, `mix::tensor_types`).
+    pub fn is_kquant_mix(self) -> bool {
+        matches!(self, WeightType::Q4KM | WeightType::Q5KM | WeightType::Q6K)
     }
 }
 
@@ -182,10 +225,18 @@ pub fn synth_config(v: SynthVariant, opts: &SynthOptions) -> Gemma4Config {
     cfg
 }
 
-/// Storage type of one planned tensor in a file of weight type `w`.
+/// Storage type of one planned tensor in a file of a uniform weight type
+/// `w` (f32, f16, bf16, q8_0, q4_0). The k-quant mixes depend on where a
+/// tensor sits among the others (`mix::tensor_types`, which is the
+/// authority for every type); for them this gives the mix's type with the
+/// position rules (attn_v, ffn_down) left out.
 pub fn tensor_type(spec: &TensorSpec, w: WeightType) -> GgmlType {
     match spec.role {
         TensorRole::Embedding => w.embedding_type(spec.dims[0]),
+        TensorRole::Matrix if w.is_kquant_mix() && spec.name == "per_layer_model_proj.weight" => {
+            GgmlType::Bf16
+        }
+        TensorRole::Matrix if w.is_kquant_mix() => mix::fallback(w.matrix_type(), spec.dims[0]),
         TensorRole::Matrix => {
             let ty = w.matrix_type();
             if spec.dims[0] % ty.block_size() as u64 == 0 {
@@ -364,8 +415,10 @@ impl SynthModel {
             writer.add_metadata(k, v);
         }
         let mut dists = HashMap::new();
-        for (i, spec) in tensor_plan(&config).into_iter().enumerate() {
-            writer.add_tensor(spec.name.clone(), spec.dims.clone(), tensor_type(&spec, w))?;
+        let plan = tensor_plan(&config);
+        let types = mix::tensor_types(&plan, config.n_layers, w);
+        for (i, (spec, ty)) in plan.into_iter().zip(types).enumerate() {
+            writer.add_tensor(spec.name.clone(), spec.dims.clone(), ty)?;
             let dist = tensor_dist(&config, &spec);
             dists.insert(spec.name.clone(), (i as u64, spec.dims.clone(), dist));
         }

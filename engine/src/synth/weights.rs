@@ -146,6 +146,11 @@ pub fn fill_tensor(
         GgmlType::Q8_0 => block_q8_0,
         GgmlType::Q4_0 => block_q4_0,
         GgmlType::Q6K => block_q6_k,
+        GgmlType::Bf16 => block_bf16,
+        GgmlType::Q4K => block_q4_k,
+        GgmlType::Q5K => block_q5_k,
+        GgmlType::Q5_0 => block_q5_0,
+        GgmlType::Q5_1 => block_q5_1,
         other => return Err(FillError::Type(other.name())),
     };
     // Float types are generated a "block" of many elements at a time.
@@ -196,6 +201,12 @@ fn block_f32(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
 fn block_f16(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
     for o in out.chunks_exact_mut(2) {
         o.copy_from_slice(&f16::from_f32(sample(rng, dist)).to_le_bytes());
+    }
+}
+
+fn block_bf16(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
+    for o in out.chunks_exact_mut(2) {
+        o.copy_from_slice(&half::bf16::from_f32(sample(rng, dist)).to_le_bytes());
     }
 }
 
@@ -283,6 +294,108 @@ fn block_q6_k(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
     d_bytes.copy_from_slice(&f16::from_f32(d).to_le_bytes());
 }
 
+/// Q5_0 code table: 5 random bits -> a 5-bit code whose value (code - 16)
+/// is in ±1..±15 (±15 twice); never 0 and never the lopsided -16.
+const Q5_LUT: [u8; 32] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+    28, 29, 30, 31, 1, 31,
+];
+/// Standard deviation of `Q5_LUT` values: sqrt((2·1240 + 2·225) / 32).
+const Q5_CODE_STD: f32 = 9.569;
+
+/// Q5_0: f16 d, u32 fifth bits, 16 bytes of low nibbles (value = code - 16);
+/// element j < 16 in the low nibble of byte j, j + 16 in its high nibble.
+fn block_q5_0(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
+    let d = sym_std(dist) / Q5_CODE_STD * jitter(rng);
+    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    let mut codes = [0u8; 32];
+    let (mut r, mut left) = (0u64, 0);
+    for c in codes.iter_mut() {
+        if left == 0 {
+            r = rng.next_u64();
+            left = 12;
+        }
+        *c = Q5_LUT[(r & 31) as usize];
+        r >>= 5;
+        left -= 1;
+    }
+    let mut qh = 0u32;
+    for j in 0..16 {
+        out[6 + j] = (codes[j] & 15) | ((codes[j + 16] & 15) << 4);
+        qh |= ((codes[j] >> 4) as u32) << j | ((codes[j + 16] >> 4) as u32) << (j + 16);
+    }
+    out[2..6].copy_from_slice(&qh.to_le_bytes());
+}
+
+/// Q5_1: f16 d, f16 m, u32 fifth bits, 16 bytes of low nibbles (value =
+/// code * d + m), m = -15.5 d (nudged until no code gives exactly 0).
+fn block_q5_1(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
+    let d = f16::from_f32(sym_std(dist) / 9.23 * jitter(rng));
+    let mut m = f16::from_f32(-15.5 * d.to_f32());
+    while (0..32).any(|q| q as f32 * d.to_f32() + m.to_f32() == 0.0) {
+        m = f16::from_bits(m.to_bits() + 1);
+    }
+    out[..2].copy_from_slice(&d.to_le_bytes());
+    out[2..4].copy_from_slice(&m.to_le_bytes());
+    let r = rng.next_u64();
+    out[4..8].copy_from_slice(&(r as u32).to_le_bytes());
+    out[8..16].copy_from_slice(&rng.next_u64().to_le_bytes());
+    out[16..24].copy_from_slice(&rng.next_u64().to_le_bytes());
+}
+
+/// The 12 bytes of eight 6-bit (scale, min) pairs, ggml's Q4_K/Q5_K packing
+/// (the inverse of `k_scale_min`).
+fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8], out: &mut [u8]) {
+    for j in 0..4 {
+        out[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        out[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+        out[j + 8] = (sc[j + 4] & 15) | ((m[j + 4] & 15) << 4);
+    }
+}
+
+/// Q4_K / Q5_K super-block header and quants: odd sub-block scales in
+/// [33, 63], `dmin = 8 d` (Q4_K) or `16 d` (Q5_K) and the min next to the
+/// middle of the code range, so values `d (sc q - 8m)` are centered and,
+/// since an odd scale cannot divide `8m < 8 sc`, never 0.
+fn block_kquant(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8], bits: u32) {
+    let qmax = (1u32 << bits) - 1;
+    let dmin_mul = if bits == 4 { 8.0 } else { 16.0 };
+    // RMS of an odd integer uniform in [33, 63] (48.6) times the standard
+    // deviation of a uniform code in 0..=qmax.
+    let code_std = ((qmax * (qmax + 2)) as f32 / 12.0).sqrt();
+    let d = f16::from_f32(sym_std(dist) / (48.6 * code_std) * jitter(rng));
+    let dmin = f16::from_f32(d.to_f32() * dmin_mul);
+    out[..2].copy_from_slice(&d.to_le_bytes());
+    out[2..4].copy_from_slice(&dmin.to_le_bytes());
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    let r = rng.next_u64();
+    for j in 0..8 {
+        let s = 33 + 2 * ((r >> (8 * j)) % 16) as u8;
+        sc[j] = s;
+        // dmin * m ~ d * sc * qmax / 2: m = round(sc * qmax / (2 dmin_mul)).
+        let mm = ((s as f32 * qmax as f32 / (2.0 * dmin_mul)).round() as u8).clamp(1, s - 1);
+        m[j] = mm;
+    }
+    pack_scale_min(&sc, &m, &mut out[4..16]);
+    let q_off = if bits == 4 { 16 } else { 48 };
+    for q in out[q_off..q_off + 128].chunks_exact_mut(8) {
+        q.copy_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    if bits == 5 {
+        for q in out[16..48].chunks_exact_mut(8) {
+            q.copy_from_slice(&rng.next_u64().to_le_bytes());
+        }
+    }
+}
+
+fn block_q4_k(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
+    block_kquant(rng, dist, out, 4);
+}
+
+fn block_q5_k(rng: &mut SplitMix64, dist: &Dist, out: &mut [u8]) {
+    block_kquant(rng, dist, out, 5);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,8 +418,13 @@ mod tests {
         for ty in [
             GgmlType::F32,
             GgmlType::F16,
+            GgmlType::Bf16,
             GgmlType::Q8_0,
             GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
             GgmlType::Q6K,
         ] {
             let (mean, std, zeros) = stats(ty, &dist, 1 << 16);

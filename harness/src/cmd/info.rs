@@ -107,16 +107,24 @@ pub fn describe(f: &GgufFile, cfg: &Gemma4Config) -> anyhow::Result<String> {
         kv(KvType::F32)
     )?;
 
-    let mut by_type: BTreeMap<GgmlType, (usize, u64)> = BTreeMap::new();
+    // Tensor count, bytes and elements per type (bits per weight = bytes
+    // * 8 / elements: a k-quant mix shows how much of it is which type).
+    let mut by_type: BTreeMap<GgmlType, (usize, u64, u64)> = BTreeMap::new();
     for t in f.tensors() {
         let e = by_type.entry(t.ty).or_default();
         e.0 += 1;
         e.1 += t.n_bytes();
+        e.2 += t.n_elements();
     }
     writeln!(s)?;
-    writeln!(s, "{:<8} {:>8} {:>16}", "type", "tensors", "bytes")?;
-    for (ty, (n, bytes)) in &by_type {
-        writeln!(s, "{:<8} {:>8} {:>16}", ty.name(), n, bytes)?;
+    writeln!(
+        s,
+        "{:<8} {:>8} {:>16} {:>6}",
+        "type", "tensors", "bytes", "bpw"
+    )?;
+    for (ty, (n, bytes, elems)) in &by_type {
+        let bpw = *bytes as f64 * 8.0 / (*elems).max(1) as f64;
+        writeln!(s, "{:<8} {:>8} {:>16} {:>6.2}", ty.name(), n, bytes, bpw)?;
     }
 
     writeln!(s)?;

@@ -51,6 +51,17 @@ pub enum Wtype {
     /// Q4_0 matrices, Q6_K embedding tables.
     #[value(name = "q4_0")]
     Q4_0,
+    Bf16,
+    /// llama.cpp's Q4_K_M mix: Q4_K, Q6_K on attn_v / ffn_down of the
+    /// use_more_bits layers and on the embedding tables (docs/gemma4.md §4.3).
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// llama.cpp's Q5_K_M mix: Q5_K, Q6_K where Q4_K_M has it.
+    #[value(name = "q5_k_m")]
+    Q5KM,
+    /// llama.cpp's Q6_K: Q6_K everywhere.
+    #[value(name = "q6_k")]
+    Q6K,
 }
 
 impl From<Wtype> for WeightType {
@@ -60,6 +71,10 @@ impl From<Wtype> for WeightType {
             Wtype::F16 => WeightType::F16,
             Wtype::Q8_0 => WeightType::Q8_0,
             Wtype::Q4_0 => WeightType::Q4_0,
+            Wtype::Bf16 => WeightType::Bf16,
+            Wtype::Q4KM => WeightType::Q4KM,
+            Wtype::Q5KM => WeightType::Q5KM,
+            Wtype::Q6K => WeightType::Q6K,
         }
     }
 }

@@ -11,19 +11,29 @@
 use super::{i32_arg, ptr, Act, ActFormat, DevPtr, NULL};
 use crate::defines::{get_int, get_str, Defines};
 use crate::gpu::KArg;
+use crate::problem::WType;
+use crate::quant::repack::{self, KSide};
+use crate::quant::QuantError;
 
-/// How a weight matrix `[n][k]` sits in device memory.
+/// How a weight matrix `[n][k]` sits in device memory
+/// (`MatmulBinding::device_weights` builds it, `row_strides` gives its
+/// row pitch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightLayout {
     /// GGUF blocks as in the file (Q8_0: 34 bytes, Q4_0: 18 bytes per 32,
-    /// Q6_K: 210 bytes per 256).
+    /// Q6_K: 210 bytes per 256; F16/BF16: the values).
     GgufBlocks,
     /// A quant plane (`[n][k]` int8 for Q8_0, `[n][k/2]` nibbles in GGUF
     /// block order for Q4_0) and a scale plane `[n][k/32]` in `scales`.
+    /// For the k-quants (`quant::repack`): the nibble plane and the GEMV
+    /// side records (`ScaleType::F16`, the compact form the GEMV reads) or
+    /// the GEMM side words (`ScaleType::F32`). F16/BF16 have no planes:
+    /// their values are read as they are.
     Planes { scales: ScaleType },
 }
 
-/// Element type of a scale plane.
+/// Element type of a scale plane; for the k-quants, which side plane
+/// (F16: the GEMV's compact records, F32: the GEMMs' f32 words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScaleType {
     F16,
@@ -264,10 +274,35 @@ impl MatmulBinding {
 
     /// Bytes of the device copy of an `[n][k]` weight in this layout
     /// (quant plane or blocks, then scales).
-    pub fn weight_bytes(&self, wt: crate::problem::WType, n: usize, k: usize) -> (usize, usize) {
-        let nb = n * k / 32;
+    pub fn weight_bytes(&self, wt: WType, n: usize, k: usize) -> (usize, usize) {
+        let (q, d) = self.row_strides(wt, k);
+        (n * q, n * d)
+    }
+
+    /// Bytes per matrix row of the two device buffers of a weight in this
+    /// layout (`Weights::q`, `Weights::d`): rows `r0..` of a matrix start
+    /// `r0` strides in, which is how the engine addresses the parts of a
+    /// fused matrix. `k` must be whole blocks of `wt`.
+    /// - GGUF blocks, and F16/BF16 in any layout: the file's rows, no `d`.
+    /// - Planes of Q8_0 / Q4_0: `k/32` quant groups of 32 / 16 bytes, and
+    ///   `k/32` f16 (`ScaleType::F16`, the GEMV) or f32 (`F32`, the GEMMs)
+    ///   scales.
+    /// - Planes of Q4_K / Q5_K / Q6_K (`quant::repack`): the nibble plane
+    ///   (`k/2` bytes), and the GEMV side records (`ScaleType::F16`: 16 /
+    ///   48 / 96 bytes per 256) or the GEMM side words (`F32`: 2 / 4 / 4
+    ///   words per 32).
+    pub fn row_strides(&self, wt: WType, k: usize) -> (usize, usize) {
+        let nb = k / 32;
         match self.layout {
-            WeightLayout::GgufBlocks => (n * wt.row_bytes(k), 0),
+            WeightLayout::GgufBlocks => (wt.row_bytes(k), 0),
+            WeightLayout::Planes { .. } if wt.is_16bit() => (wt.row_bytes(k), 0),
+            WeightLayout::Planes { scales } if wt.is_kquant() => (
+                nb * wt.quant_bytes_per_block(),
+                match scales {
+                    ScaleType::F16 => k / 256 * repack::gemv_side_bytes(wt.ggml()),
+                    ScaleType::F32 => nb * repack::gemm_side_words(wt.ggml()) * 4,
+                },
+            ),
             WeightLayout::Planes { scales } => (
                 nb * wt.quant_bytes_per_block(),
                 nb * match scales {
@@ -277,6 +312,64 @@ impl MatmulBinding {
             ),
         }
     }
+
+    /// The device bytes of an `[n][k]` weight matrix of type `wt` in this
+    /// layout, built from its GGUF bytes (`n` rows of `wt.row_bytes(k)`):
+    /// what the engine uploads for a variant with this binding. Every
+    /// repack is lossless (the values the kernels dequantize are ggml's,
+    /// bit for bit); `row_strides` gives the row pitch of each buffer.
+    pub fn device_weights(
+        &self,
+        wt: WType,
+        gguf: &[u8],
+        n: usize,
+        k: usize,
+    ) -> Result<DeviceWeights, QuantError> {
+        let ty = wt.ggml();
+        crate::quant::check_row_bytes(ty, gguf.len(), n, k)?;
+        Ok(match self.layout {
+            WeightLayout::GgufBlocks => DeviceWeights {
+                q: gguf.to_vec(),
+                d: Vec::new(),
+            },
+            WeightLayout::Planes { .. } if wt.is_16bit() => DeviceWeights {
+                q: gguf.to_vec(),
+                d: Vec::new(),
+            },
+            WeightLayout::Planes { scales } if wt.is_kquant() => {
+                let side = match scales {
+                    ScaleType::F16 => KSide::Gemv,
+                    ScaleType::F32 => KSide::Gemm,
+                };
+                let p = repack::repack_kquant(ty, gguf, n * k, side)?;
+                DeviceWeights {
+                    q: p.nibbles,
+                    d: p.side,
+                }
+            }
+            WeightLayout::Planes { scales } => {
+                let (q, d16) = repack::block32_planes(ty, gguf, n, k);
+                let d = match scales {
+                    ScaleType::F16 => d16.iter().flat_map(|h| h.to_le_bytes()).collect(),
+                    ScaleType::F32 => d16
+                        .iter()
+                        .flat_map(|&h| crate::quant::blocks::f16_to_f32(h).to_le_bytes())
+                        .collect(),
+                };
+                DeviceWeights { q, d }
+            }
+        })
+    }
+}
+
+/// The two device buffers of one weight matrix (`MatmulBinding::device_weights`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceWeights {
+    /// GGUF blocks, or the quant plane (`Weights::q`).
+    pub q: Vec<u8>,
+    /// The scale or side plane (`Weights::d`); empty where the layout has
+    /// none, and the kernel takes NULL.
+    pub d: Vec<u8>,
 }
 
 #[cfg(test)]
@@ -284,7 +377,6 @@ mod tests {
     use super::*;
     use crate::defines::defines;
     use crate::family::family;
-    use crate::problem::WType;
     use crate::quant::GgmlType;
 
     #[test]
@@ -331,5 +423,103 @@ mod tests {
         let b = MatmulBinding::of("mmq", &defines([("EPI", 0i64)])).expect("mmq");
         assert_eq!(b.weight_bytes(WType::Q8_0, 4, 64), (256, 32));
         assert!(MatmulBinding::of("rmsnorm", &Defines::new()).is_err());
+    }
+
+    /// `device_weights` for every weight type and layout: the buffers have
+    /// `row_strides` pitches, and decoding them as the kernels do gives
+    /// ggml's values bit for bit (the k-quants through the repack decoders,
+    /// Q8_0/Q4_0 planes through their scales, F16/BF16 as stored).
+    #[test]
+    fn device_weights_hold_every_type_losslessly() {
+        use crate::quant::repack::{dequant_gemm_planes, dequant_gemv_planes};
+        use crate::quant::{dequantize_row, quantize_row};
+        let (n, k) = (3usize, 512usize);
+        let layouts = [
+            WeightLayout::GgufBlocks,
+            WeightLayout::Planes {
+                scales: ScaleType::F16,
+            },
+            WeightLayout::Planes {
+                scales: ScaleType::F32,
+            },
+        ];
+        for wt in WType::ALL {
+            let ty = wt.ggml();
+            let mut rng = crate::families::rng_for("device-weights", &[wt as usize], 3);
+            let gguf = if ty.can_quantize() {
+                let f = crate::families::random_matrix(&mut rng, n, k);
+                let mut b = vec![0u8; n * wt.row_bytes(k)];
+                quantize_row(ty, &f, &mut b).expect("quantize");
+                b
+            } else {
+                crate::families::random_kquant_blocks(&mut rng, ty, n, k)
+            };
+            let mut want = vec![0f32; n * k];
+            dequantize_row(ty, &gguf, &mut want).expect("dequantize");
+            for layout in layouts {
+                let b = MatmulBinding {
+                    family: MatmulFamily::Gemv,
+                    layout,
+                    act: ActFormat::F32,
+                    prepass: Prepass::None,
+                    zero_output: false,
+                    matrices: 1,
+                };
+                let dw = b.device_weights(wt, &gguf, n, k).expect("device weights");
+                let (qs, ds) = b.row_strides(wt, k);
+                assert_eq!(
+                    (dw.q.len(), dw.d.len()),
+                    (n * qs, n * ds),
+                    "{wt:?} {layout:?}"
+                );
+                let mut got = vec![f32::NAN; n * k];
+                match (layout, wt) {
+                    (WeightLayout::GgufBlocks, _) | (_, WType::F16 | WType::Bf16) => {
+                        assert_eq!(dw.q, gguf);
+                        continue;
+                    }
+                    (WeightLayout::Planes { scales }, wt) if wt.is_kquant() => match scales {
+                        ScaleType::F16 => dequant_gemv_planes(ty, &dw.q, &dw.d, &mut got),
+                        ScaleType::F32 => dequant_gemm_planes(ty, &dw.q, &dw.d, &mut got),
+                    }
+                    .expect("decode"),
+                    (WeightLayout::Planes { scales }, _) => {
+                        let qb = wt.quant_bytes_per_block();
+                        for (g, y) in got.chunks_exact_mut(32).enumerate() {
+                            let d = match scales {
+                                ScaleType::F16 => {
+                                    crate::quant::blocks::f16_to_f32(u16::from_le_bytes([
+                                        dw.d[2 * g],
+                                        dw.d[2 * g + 1],
+                                    ]))
+                                }
+                                ScaleType::F32 => f32::from_le_bytes(
+                                    dw.d[4 * g..4 * g + 4].try_into().expect("4 bytes"),
+                                ),
+                            };
+                            let q = &dw.q[g * qb..(g + 1) * qb];
+                            for (i, v) in y.iter_mut().enumerate() {
+                                let qi = if wt == WType::Q8_0 {
+                                    q[i] as i8 as i32
+                                } else {
+                                    ((q[i % 16] >> (4 * (i / 16))) & 15) as i32 - 8
+                                };
+                                *v = qi as f32 * d;
+                            }
+                        }
+                    }
+                }
+                for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{wt:?} {layout:?} element {e}");
+                }
+            }
+            assert!(b_rejects_wrong_sizes(wt, &gguf, n, k));
+        }
+    }
+
+    fn b_rejects_wrong_sizes(wt: WType, gguf: &[u8], n: usize, k: usize) -> bool {
+        let b = MatmulBinding::of("mmq", &crate::defines::defines([("EPI", 0i64)])).expect("mmq");
+        b.device_weights(wt, &gguf[1..], n, k).is_err()
+            && b.device_weights(wt, gguf, n + 1, k).is_err()
     }
 }

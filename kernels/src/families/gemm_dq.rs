@@ -5,8 +5,7 @@
 //! the workload is built; not timed). See kernels/cuda/gemm_dq.cu.
 
 use super::gemv::fp_rms_bound;
-use super::mmq::scales_f32;
-use super::tiles::{bkw, geometry, pad16, read_tiles};
+use super::tiles::{bkw, gemm_wtype, geometry, pad16, read_tiles, scale_words};
 use super::{matmul_f64, memo, seeded_inputs, MatmulWorkload};
 use crate::bind::matmul::MatmulBinding;
 use crate::bind::{Act, NULL};
@@ -14,7 +13,7 @@ use crate::defines::{defines, get_str, DefineValue, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
 use crate::kernel_family::Family;
-use crate::problem::{check_block32_wtype, matmul_of, Problem};
+use crate::problem::{matmul_of, Problem};
 use crate::quant::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::quant::GgmlType;
 use crate::verdict::{Contract, Tolerance};
@@ -76,10 +75,12 @@ impl Family for GemmDq {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
-        let wt = check_block32_wtype(self.name(), d, mp)?;
+        let wt = gemm_wtype(d, mp)?;
         is_bf16(d)?;
         let t = read_tiles(d, lim, 8)?;
-        let stage = t.bm * pad16(2 * t.bk) + t.bn * pad16(bkw(wt, t.bk)) + 4 * t.bn * (t.bk / 32);
+        let stage = t.bm * pad16(2 * t.bk)
+            + t.bn * pad16(bkw(wt, t.bk))
+            + 4 * t.bn * (t.bk / 32) * scale_words(wt);
         geometry("gemm_dq", &t, mp, t.stages * stage, lim)
     }
     fn workload(
@@ -123,7 +124,8 @@ pub(crate) fn rounded_operands_tolerance(bf16: bool, k: usize) -> Tolerance {
 }
 
 /// Inputs, reference and launch for a GEMM over gemm_dq's operands: weight
-/// planes (quants, f32 scales), activations converted once by the
+/// planes (quants and f32 scales, or the k-quants' nibble plane and GEMM
+/// side words, or F16/BF16 as stored), activations converted once by the
 /// `gemm_dq_convert` pre-pass (dq_convert.cuh, part of `f`'s module) into
 /// the k-permuted DQ_TYPE layout, launched through the family's
 /// `MatmulBinding` (which also says whether y is zeroed before every call).
@@ -136,18 +138,15 @@ pub(crate) fn dq_workload(
     seed: u64,
 ) -> Result<Box<dyn Workload>, GpuError> {
     let mp = matmul_of(p).map_err(GpuError::Rejected)?;
-    let wt = check_block32_wtype(f.name(), d, mp).map_err(GpuError::Rejected)?;
+    let wt = gemm_wtype(d, mp).map_err(GpuError::Rejected)?;
     let bf16 = is_bf16(d).map_err(GpuError::Rejected)?;
     let (m, n, k) = (mp.m, mp.n, mp.k);
     // gemm_dq and gemm_wgmma compute the same function from one input
     // generator, so with the same seed they see the same inputs and share the
     // memoized reference.
     let inputs = seeded_inputs("gemm_dq", &[m, n, k, wt as usize], wt, m, n, k, 1, seed)?;
-    let w = &inputs.w[0];
-    let planes = vec![
-        gpu.upload(&w.qplane)?,
-        gpu.upload(&scales_f32(&w.dplane_f16))?,
-    ];
+    let binding = MatmulBinding::of(f.name(), d).map_err(GpuError::Rejected)?;
+    let planes = inputs.w[0].upload(gpu, wt, binding.layout)?;
     let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
     // The pre-pass converts x on the GPU once (into the k-permuted layout
     // only these GEMMs read); its output is what the GEMM reads, so the
@@ -160,7 +159,6 @@ pub(crate) fn dq_workload(
         gpu.arch(),
         crate::compile::default_cache_dir().as_deref(),
     )?)?;
-    let binding = MatmulBinding::of(f.name(), d).map_err(GpuError::Rejected)?;
     let act = Act {
         format: binding.act,
         data: xh.ptr(),
@@ -198,4 +196,64 @@ pub(crate) fn dq_workload(
         ops: 2 * (m * n * k) as u64,
         op_kind: OpKind::Flop,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::problem::WType;
+
+    /// dq_ktypes.cuh's `dq_ktype_words` replayed on the CPU over the staged
+    /// GEMM side words, fragment slot by fragment slot: thread t of k16 step
+    /// ks reads nibble word t of group ks / 2 and covers elements
+    /// 16 (ks % 2) + 4t + b; every element of every group must come out as
+    /// ggml's value (before the operand rounding), once.
+    #[test]
+    fn kquant_fragment_decode_replays_the_dequantization() {
+        let word = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let qf =
+            |w: u32, b: usize| f32::from_bits(0x4B00_0000 | ((w >> (8 * b)) & 0xff)) - 8_388_608.0;
+        for wt in [WType::Q4K, WType::Q5K, WType::Q6K] {
+            let (n, k) = (3usize, 512usize);
+            let mut rng = super::super::rng_for("gemm-kq-replay", &[n, k, wt as usize], 1);
+            let w = super::super::make_weights(&mut rng, wt, n, k).expect("weights");
+            let nw = crate::quant::repack::gemm_side_words(wt.ggml());
+            let mut seen = vec![0u8; n * k];
+            for row in 0..n {
+                for g in 0..k / 32 {
+                    let nib = &w.qplane[row * k / 2 + 16 * g..][..16];
+                    let side = &w.side_gemm[(row * k / 32 + g) * nw * 4..][..nw * 4];
+                    let sd = |i: usize| word(side, 4 * i);
+                    for half in 0..2 {
+                        for t in 0..4 {
+                            let v = word(nib, 4 * t);
+                            let mut q = if half == 1 {
+                                (v >> 4) & 0x0F0F_0F0F
+                            } else {
+                                v & 0x0F0F_0F0F
+                            };
+                            match wt {
+                                WType::Q5K => q |= ((sd(2) >> (t + 4 * half)) & 0x0101_0101) << 4,
+                                WType::Q6K => q |= ((sd(2 + half) >> (2 * t)) & 0x0303_0303) << 4,
+                                _ => {}
+                            }
+                            for b in 0..4 {
+                                let got = if wt == WType::Q6K {
+                                    f32::from_bits(sd(half)) * (qf(q, b) - 32.0)
+                                } else {
+                                    qf(q, b).mul_add(f32::from_bits(sd(0)), -f32::from_bits(sd(1)))
+                                };
+                                let e = row * k + 32 * g + 16 * half + 4 * t + b;
+                                seen[e] += 1;
+                                assert_eq!(got.to_bits(), w.deq[e].to_bits(), "{wt:?} element {e}");
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(
+                seen.iter().all(|&c| c == 1),
+                "{wt:?}: an element read twice or never"
+            );
+        }
+    }
 }

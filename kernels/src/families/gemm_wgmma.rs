@@ -6,13 +6,13 @@
 //! kernels/cuda/gemm_wgmma.cu.
 
 use super::gemm_dq::{dq_tolerance, dq_workload, is_bf16};
-use super::tiles::{bkw, pad16};
+use super::tiles::{bkw, gemm_wtype, pad16, scale_words};
 use crate::compile::Arch;
 use crate::defines::{defines, int_in, int_range, DefineValue, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
 use crate::kernel_family::Family;
-use crate::problem::{check_block32_wtype, matmul_of, Problem};
+use crate::problem::{matmul_of, Problem};
 use crate::quant::GgmlType;
 use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
@@ -23,10 +23,11 @@ pub struct GemmWgmma;
 pub const WGMMA_ARCH: Arch = Arch(90);
 
 /// Shared memory per pipeline stage (the kernel's STAGE_BYTES): the swizzled
-/// activation tile, padded weight rows and two f32 scales per row, rounded
-/// up to the 1024-byte swizzle alignment.
-fn stage_bytes(bm: usize, bn: usize, bkw: usize) -> usize {
-    (bm * 128 + bn * pad16(bkw) + bn * 8).div_ceil(1024) * 1024
+/// activation tile, padded weight rows and, per row, the two 32-element
+/// groups' `scw` scale or side words, rounded up to the 1024-byte swizzle
+/// alignment.
+fn stage_bytes(bm: usize, bn: usize, bkw: usize, scw: usize) -> usize {
+    (bm * 128 + bn * pad16(bkw) + bn * 8 * scw).div_ceil(1024) * 1024
 }
 
 impl Family for GemmWgmma {
@@ -67,7 +68,7 @@ impl Family for GemmWgmma {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
-        let wt = check_block32_wtype(self.name(), d, mp)?;
+        let wt = gemm_wtype(d, mp)?;
         is_bf16(d)?;
         if lim.arch != WGMMA_ARCH {
             return Err(format!(
@@ -87,7 +88,7 @@ impl Family for GemmWgmma {
             ));
         }
         let bn = 64 * mw * wg;
-        let smem = 1024 + stages * stage_bytes(bm, bn, bkw(wt, 64));
+        let smem = 1024 + stages * stage_bytes(bm, bn, bkw(wt, 64), scale_words(wt));
         if smem > lim.max_smem_per_block as usize {
             return Err(format!(
                 "needs {smem} bytes of shared memory, the {} limit is {}",
@@ -125,10 +126,10 @@ mod tests {
     #[test]
     fn stage_bytes_match_the_kernel_formula() {
         // BM=256, 2 warpgroups x 1 block: 32768 + 128*80 + 1024 -> 44032.
-        assert_eq!(stage_bytes(256, 128, 64), 44032);
+        assert_eq!(stage_bytes(256, 128, 64, 1), 44032);
         // Q4_0 rows are 32 bytes, padded to 48.
         assert_eq!(
-            stage_bytes(128, 128, 32),
+            stage_bytes(128, 128, 32, 1),
             (16384 + 128 * 48 + 1024usize).div_ceil(1024) * 1024
         );
     }
@@ -147,5 +148,45 @@ mod tests {
             .unwrap();
         assert_eq!(g.block.0, 256);
         assert_eq!(g.grid, (1, 8, 1));
+    }
+
+    /// Every weight type takes every tile the accumulator rule allows,
+    /// the tightest register budgets included (three warpgroups: 168
+    /// registers; MW=2 next to 128 accumulators: 255). Whether a type's
+    /// dequantization fits them is the compile gate's question
+    /// (`forbid_spills` in variants/gemm_wgmma.toml, the compile report), not
+    /// a rule of `validate`.
+    #[test]
+    fn every_type_takes_the_tightest_register_budgets() {
+        let f = GemmWgmma;
+        let lim = DeviceLimits::for_arch(Arch(90));
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+            GgmlType::Bf16,
+        ] {
+            let p = Problem::matmul(256, 1024, 2560, ty);
+            for (bm, wg, mw) in [(192i64, 3i64, 1i64), (128, 2, 2)] {
+                let mut d = f.default_defines(ty);
+                for (k, v) in [("BM", bm), ("WG", wg), ("MW", mw)] {
+                    d.insert(k.into(), DefineValue::Int(v));
+                }
+                let g = f
+                    .validate(&d, &p, &lim)
+                    .unwrap_or_else(|e| panic!("{ty} BM={bm} WG={wg} MW={mw}: {e}"));
+                assert_eq!(g.block.0 as i64, 128 * wg);
+            }
+            // Past 128 accumulators no type fits.
+            let mut d = f.default_defines(ty);
+            for (k, v) in [("BM", 256i64), ("MW", 2)] {
+                d.insert(k.into(), DefineValue::Int(v));
+            }
+            let e = f.validate(&d, &p, &lim).expect_err("256 accumulators");
+            assert!(e.contains("accumulators per thread"), "{ty}: {e}");
+        }
     }
 }

@@ -37,11 +37,17 @@ impl Family for Gemv {
         "gemv.cu"
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
-        // Q6_K has one path: f32 activations over the GGUF super-blocks.
-        let q6k = (wtype == GgmlType::Q6K) as i64;
+        // Q6_K: f32 activations over the GGUF super-blocks (the tied head
+        // as the file stores it); F16/BF16: f32 activations (there is no
+        // dp4a path); the others dp4a over planes.
+        let (algo, layout) = match WType::of(wtype) {
+            Some(WType::Q6K) => (0, 0),
+            Some(WType::F16 | WType::Bf16) => (0, 1),
+            _ => (1, 1),
+        };
         let mut d = defines([
-            ("ALGO", 1 - q6k),
-            ("LAYOUT", 1 - q6k),
+            ("ALGO", algo),
+            ("LAYOUT", layout),
             ("ROWS", 2),
             ("WARPS", 4),
             ("FUSE", 0),
@@ -96,31 +102,57 @@ impl Family for Gemv {
         let algo = int_in(d, "ALGO", &[0, 1])?;
         let layout = int_in(d, "LAYOUT", &[0, 1])?;
         let fuse = int_in(d, "FUSE", &[0, 1])?;
-        if wt == WType::Q6K {
-            // The kernel reads Q6_K super-blocks in one form only.
-            if algo != 0 {
-                return Err(
-                    "Q6_K weights need ALGO=0 (f32 activations): there is no dp4a path over 6-bit quants"
-                        .into(),
-                );
+        match wt {
+            WType::Q6K if layout == 0 => {
+                // The GGUF super-blocks are read in one form only.
+                if algo != 0 {
+                    return Err(
+                        "Q6_K weights need ALGO=0 (f32 activations) on GGUF super-blocks (LAYOUT=0); dp4a reads the planes (LAYOUT=1)"
+                            .into(),
+                    );
+                }
+                if fuse != 0 {
+                    return Err(
+                        "Q6_K weights need FUSE=0 on GGUF super-blocks (LAYOUT=0); the fused form reads planes (LAYOUT=1)"
+                            .into(),
+                    );
+                }
             }
-            if layout != 0 {
-                return Err(
-                    "Q6_K weights need LAYOUT=0 (GGUF super-blocks): Q6_K has no plane layout"
-                        .into(),
-                );
+            WType::Q4K | WType::Q5K if layout != 1 => {
+                return Err(format!(
+                    "{} weights need LAYOUT=1: the kernel reads their nibble plane and side records (quant::repack)",
+                    wt.define()
+                ));
             }
-            if fuse != 0 {
-                return Err(
-                    "Q6_K weights need FUSE=0: the fused gate+up form reads Q8_0/Q4_0 FFN matrices"
-                        .into(),
-                );
+            WType::F16 | WType::Bf16 => {
+                if algo != 0 {
+                    return Err(format!(
+                        "{} weights need ALGO=0 (f32 activations): there is no dp4a path over 16-bit values",
+                        wt.define()
+                    ));
+                }
+                if mp.k % 8 != 0 {
+                    return Err(format!(
+                        "k={} is not a multiple of 8: {} rows are read in 16-byte pieces",
+                        mp.k,
+                        wt.define()
+                    ));
+                }
             }
+            _ => {}
         }
         let rows = int_range(d, "ROWS", 1, 8)?;
         let warps = int_range(d, "WARPS", 1, 32)?;
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
-        int_in(d, "UNROLL", &[1, 2, 4])?;
+        let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
+        if wt == WType::Q5K && algo == 1 && rows * unroll >= 16 {
+            // 7 live words per Q5_K chunk (nibbles, high word, two scales)
+            // times 16 chunks in flight, next to 8 x 8 accumulators.
+            return Err(format!(
+                "Q5_K on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spilled on sm_80 and sm_89); at most 8",
+                rows * unroll
+            ));
+        }
         if warps % ksplit != 0 {
             return Err(format!("KSPLIT={ksplit} does not divide WARPS={warps}"));
         }
@@ -153,7 +185,6 @@ impl Family for Gemv {
         let mp = matmul_of(p).map_err(GpuError::Rejected)?;
         let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
         let algo = crate::defines::get_int(d, "ALGO").map_err(GpuError::Rejected)?;
-        let layout = crate::defines::get_int(d, "LAYOUT").map_err(GpuError::Rejected)?;
         let fuse = crate::defines::get_int(d, "FUSE").map_err(GpuError::Rejected)? == 1;
         let (m, n, k) = (mp.m, mp.n, mp.k);
         let inputs = seeded_inputs(
@@ -168,14 +199,10 @@ impl Family for Gemv {
         )?;
         let x = &inputs.x;
         let mats: Vec<&QWeights> = inputs.w.iter().collect();
+        let binding = MatmulBinding::of(self.name(), d).map_err(GpuError::Rejected)?;
         let mut planes = Vec::new();
         for w in &mats {
-            if layout == 0 {
-                planes.push(gpu.upload(&w.gguf)?);
-            } else {
-                planes.push(gpu.upload(&w.qplane)?);
-                planes.push(gpu.upload(&w.dplane_f16)?);
-            }
+            planes.extend(w.upload(gpu, wt, binding.layout)?);
         }
         let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
         let (q, ds) = q8_1_replay(x);
@@ -221,7 +248,6 @@ impl Family for Gemv {
             ((*r).clone(), replay)
         });
         let y = gpu.alloc(m * n * 4)?;
-        let binding = MatmulBinding::of(self.name(), d).map_err(GpuError::Rejected)?;
         let act = match binding.act {
             ActFormat::F32 => Act::f32(acts[0].ptr()),
             format => Act {
@@ -355,16 +381,19 @@ mod tests {
         assert_eq!(b.layout, crate::bind::matmul::WeightLayout::GgufBlocks);
         assert_eq!(b.act, ActFormat::F32);
         assert_eq!(b.weight_bytes(WType::Q6K, 262144, 2560), (262144 * 2100, 0));
-        for (name, v, why) in [
-            ("ALGO", 1i64, "ALGO=0"),
-            ("LAYOUT", 1, "LAYOUT=0"),
-            ("FUSE", 1, "FUSE=0"),
-        ] {
+        for (name, v, why) in [("ALGO", 1i64, "ALGO=0"), ("FUSE", 1, "FUSE=0")] {
             let mut bad = d.clone();
             bad.insert(name.into(), DefineValue::Int(v));
             let e = f.validate(&bad, &p, &lim).expect_err(name);
             assert!(e.starts_with("Q6_K weights need") && e.contains(why), "{e}");
         }
+        // On its planes Q6_K takes every algorithm and the fused form.
+        let mut planes = d.clone();
+        for (name, v) in [("LAYOUT", 1i64), ("ALGO", 1), ("FUSE", 1)] {
+            planes.insert(name.into(), DefineValue::Int(v));
+        }
+        f.validate(&planes, &p, &lim)
+            .expect("Q6_K planes, dp4a, fused");
         let e = f
             .validate(&d, &Problem::matmul(1, 64, 2592, GgmlType::Q6K), &lim)
             .expect_err("k not whole super-blocks");
@@ -376,28 +405,229 @@ mod tests {
     }
 
     #[test]
-    fn other_matmul_families_and_references_reject_q6k() {
+    fn new_types_validate_where_their_kernels_exist() {
+        let f = Gemv;
         let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
-        let p = Problem::matmul(256, 1024, 2560, GgmlType::Q6K);
-        for name in ["mmq", "gemm_dq", "gemm_wgmma"] {
-            let f = crate::family::family(name).expect("registered");
-            let d = f.default_defines(GgmlType::Q6K);
-            let e = f.validate(&d, &p, &lim).expect_err(name);
-            assert!(
-                e.starts_with(&format!("WTYPE=Q6_K: {name} reads Q8_0 and Q4_0")),
-                "{name}: {e}"
+        let set = |d: &Defines, kv: &[(&str, i64)]| {
+            let mut d = d.clone();
+            for (k, v) in kv {
+                d.insert((*k).into(), DefineValue::Int(*v));
+            }
+            d
+        };
+        for ty in [GgmlType::Q4K, GgmlType::Q5K] {
+            let p = Problem::matmul(3, 1000, 2560, ty);
+            let d = f.default_defines(ty);
+            for algo in [0, 1] {
+                for fuse in [0, 1] {
+                    let v = set(&d, &[("ALGO", algo), ("FUSE", fuse)]);
+                    f.validate(&v, &p, &lim).expect("k-quant planes");
+                }
+            }
+            let e = f
+                .validate(&set(&d, &[("LAYOUT", 0)]), &p, &lim)
+                .expect_err("no GGUF-block path");
+            assert!(e.contains("need LAYOUT=1"), "{e}");
+            let e = f
+                .validate(&d, &Problem::matmul(1, 64, 2592, ty), &lim)
+                .expect_err("partial super-block");
+            assert!(e.contains("256-element"), "{e}");
+            let b = MatmulBinding::of("gemv", &d).expect("bind");
+            let wt = WType::of(ty).expect("wtype");
+            let side = if ty == GgmlType::Q4K { 16 } else { 48 };
+            assert_eq!(
+                b.weight_bytes(wt, 1000, 2560),
+                (1000 * 1280, 1000 * 10 * side)
             );
         }
-        for r in crate::reference::references_for("gemv") {
-            let e = r
-                .supports(&crate::problem::MatmulProblem {
-                    m: 1,
-                    n: 1024,
-                    k: 2560,
-                    wtype: GgmlType::Q6K,
-                })
-                .expect_err("reference");
-            assert!(e.contains("q6_K"), "{e}");
+        for ty in [GgmlType::F16, GgmlType::Bf16] {
+            let d = f.default_defines(ty);
+            assert_eq!(f.contract(&d), Contract::Fp);
+            for layout in [0, 1] {
+                let v = set(&d, &[("LAYOUT", layout)]);
+                f.validate(&v, &Problem::matmul(8, 37, 2568, ty), &lim)
+                    .expect("16-bit, k a multiple of 8");
+                let b = MatmulBinding::of("gemv", &v).expect("bind");
+                let wt = WType::of(ty).expect("wtype");
+                assert_eq!(b.weight_bytes(wt, 37, 2568), (37 * 2568 * 2, 0));
+            }
+            let e = f
+                .validate(
+                    &set(&d, &[("ALGO", 1)]),
+                    &Problem::matmul(1, 8, 256, ty),
+                    &lim,
+                )
+                .expect_err("no dp4a");
+            assert!(e.contains("need ALGO=0"), "{e}");
+            let e = f
+                .validate(&d, &Problem::matmul(1, 8, 260, ty), &lim)
+                .expect_err("k % 8");
+            assert!(e.contains("not a multiple of 8"), "{e}");
+        }
+    }
+
+    /// The CPU form of kquant.cuh's decode, word for word: the 16-byte side
+    /// header as four words, `kq_scale_min`'s byte selects, `kq_lo`/`kq_hi`
+    /// and the 2^23 float trick, then the fma of `chunk_dot`. Every weight
+    /// of every group must equal ggml's dequantization bit for bit.
+    #[test]
+    fn kquant_chunk_decode_replays_the_dequantization() {
+        use crate::quant::repack::{repack_kquant, KSide};
+        let word = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let qf =
+            |w: u32, b: usize| f32::from_bits(0x4B00_0000 | ((w >> (8 * b)) & 0xff)) - 8_388_608.0;
+        for wt in [WType::Q4K, WType::Q5K, WType::Q6K] {
+            let (n, k) = (5usize, 768usize);
+            let mut rng = super::super::rng_for("gemv-kq-replay", &[n, k, wt as usize], 1);
+            let w = super::super::make_weights(&mut rng, wt, n, k).expect("weights");
+            let p = repack_kquant(wt.ggml(), &w.gguf, n * k, KSide::Gemv).expect("repack");
+            assert_eq!(p.nibbles, w.qplane);
+            let rec_bytes = crate::quant::repack::gemv_side_bytes(wt.ggml());
+            for row in 0..n {
+                for c in 0..k / 32 {
+                    let nib = &p.nibbles[row * k / 2 + 16 * c..row * k / 2 + 16 * c + 16];
+                    let j = c % 8;
+                    let rec = &p.side[(row * k / 256 + c / 8) * rec_bytes..][..rec_bytes];
+                    let (d, d2, h) = if wt == WType::Q6K {
+                        let sc = u16::from_le_bytes([rec[64 + 2 * j], rec[65 + 2 * j]]);
+                        let dd = crate::quant::blocks::f16_to_f32(u16::from_le_bytes([
+                            rec[80], rec[81],
+                        ]));
+                        (
+                            dd * ((sc & 0xff) as u8 as i8) as f32,
+                            dd * ((sc >> 8) as u8 as i8) as f32,
+                            [word(rec, 8 * j), word(rec, 8 * j + 4)],
+                        )
+                    } else {
+                        let hd = [word(rec, 0), word(rec, 4), word(rec, 8), word(rec, 12)];
+                        let s = 8 * (j as u32 & 3);
+                        let (a, b, cc) = (
+                            (hd[1] >> s) & 0xff,
+                            (hd[2] >> s) & 0xff,
+                            (hd[3] >> s) & 0xff,
+                        );
+                        let (sc, m) = if j < 4 {
+                            (a & 63, b & 63)
+                        } else {
+                            ((cc & 0x0f) | ((a >> 6) << 4), (cc >> 4) | ((b >> 6) << 4))
+                        };
+                        let f = |x: u32| crate::quant::blocks::f16_to_f32(x as u16);
+                        let hw = if wt == WType::Q5K {
+                            word(rec, 16 + 4 * j)
+                        } else {
+                            0
+                        };
+                        (
+                            f(hd[0] & 0xffff) * sc as f32,
+                            f(hd[0] >> 16) * m as f32,
+                            [hw, 0],
+                        )
+                    };
+                    for t in 0..4 {
+                        let wv = word(nib, 4 * t);
+                        let (mut lo, mut hi) = (wv & 0x0F0F_0F0F, (wv >> 4) & 0x0F0F_0F0F);
+                        match wt {
+                            WType::Q5K => {
+                                lo |= ((h[0] >> t) & 0x0101_0101) << 4;
+                                hi |= ((h[0] >> (4 + t)) & 0x0101_0101) << 4;
+                            }
+                            WType::Q6K => {
+                                lo |= ((h[0] >> (2 * t)) & 0x0303_0303) << 4;
+                                hi |= ((h[1] >> (2 * t)) & 0x0303_0303) << 4;
+                            }
+                            _ => {}
+                        }
+                        for b in 0..4 {
+                            let (vl, vh) = if wt == WType::Q6K {
+                                (d * (qf(lo, b) - 32.0), d2 * (qf(hi, b) - 32.0))
+                            } else {
+                                (qf(lo, b).mul_add(d, -d2), qf(hi, b).mul_add(d, -d2))
+                            };
+                            let e = row * k + 32 * c + 4 * t + b;
+                            for (got, e) in [(vl, e), (vh, e + 16)] {
+                                assert_eq!(
+                                    got.to_bits(),
+                                    w.deq[e].to_bits(),
+                                    "{wt:?} row {row} group {c} element {}",
+                                    e - row * k
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// kq_s6 (kquant.cuh): every unsigned 6-bit quant becomes q - 32 as a
+    /// two's complement byte, in every byte position at once.
+    #[test]
+    fn q6_signed_bytes_trick_is_exact() {
+        let s6 = |q: u32| (q ^ 0x2020_2020) | ((!q & 0x2020_2020).wrapping_mul(6));
+        for q in 0u32..64 {
+            for pos in 0..4 {
+                let others = [7u32, 63, 0, 32];
+                let mut w = 0u32;
+                for (i, o) in others.iter().enumerate() {
+                    w |= (if i == pos { q } else { *o }) << (8 * i);
+                }
+                let r = s6(w);
+                for i in 0..4 {
+                    let src = (w >> (8 * i)) & 0xff;
+                    assert_eq!(((r >> (8 * i)) & 0xff) as u8 as i8 as i32, src as i32 - 32);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mmq_and_the_int8_reference_reject_q6k() {
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let p = Problem::matmul(256, 1024, 2560, GgmlType::Q6K);
+        let f = crate::family::family("mmq").expect("registered");
+        let e = f
+            .validate(&f.default_defines(GgmlType::Q6K), &p, &lim)
+            .expect_err("mmq");
+        assert!(e.starts_with("WTYPE=Q6_K: mmq reads Q8_0 and Q4_0"), "{e}");
+        // The dequantizing GEMMs read every type.
+        for name in ["gemm_dq", "gemm_wgmma"] {
+            let f = crate::family::family(name).expect("registered");
+            for ty in [
+                GgmlType::Q4K,
+                GgmlType::Q5K,
+                GgmlType::Q6K,
+                GgmlType::F16,
+                GgmlType::Bf16,
+            ] {
+                let p = Problem::matmul(256, 1024, 2560, ty);
+                f.validate(&f.default_defines(ty), &p, &lim)
+                    .unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
+            }
+            let e = f
+                .validate(
+                    &f.default_defines(GgmlType::F16),
+                    &Problem::matmul(256, 1024, 2568, GgmlType::F16),
+                    &lim,
+                )
+                .expect_err("k % 32");
+            assert!(e.contains("not a multiple of 32"), "{name}: {e}");
+        }
+        // The bf16 reference runs on the dequantized weights of every type;
+        // the int8 one needs per-32 int8 quants.
+        let mp = crate::problem::MatmulProblem {
+            m: 1,
+            n: 1024,
+            k: 2560,
+            wtype: GgmlType::Q6K,
+        };
+        for r in crate::reference::references_for("mmq") {
+            match r {
+                crate::reference::RefKind::CublasBf16 => r.supports(&mp).expect("bf16"),
+                crate::reference::RefKind::CublasInt8 => {
+                    let e = r.supports(&mp).expect_err("int8");
+                    assert!(e.contains("q6_K"), "{e}");
+                }
+            }
         }
     }
 }

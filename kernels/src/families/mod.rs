@@ -20,11 +20,12 @@ pub(crate) mod rows_common;
 pub mod softcap;
 pub(crate) mod tiles;
 
-use crate::bind::matmul::{MatmulBinding, WeightLayout, Weights};
+use crate::bind::matmul::{MatmulBinding, ScaleType, WeightLayout, Weights};
 use crate::bind::{Act, NULL};
 use crate::device::LaunchGeometry;
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, KArg, Module};
 use crate::problem::WType;
+use crate::quant::repack::{repack_kquant, KSide};
 use crate::quant::{dequantize_row, quantize_row};
 use crate::verdict::{compare, CheckReport, Contract, Tolerance};
 use crate::workload::{poison, OpKind, WeightSet, Workload};
@@ -63,10 +64,88 @@ pub(crate) struct QWeights {
     pub gguf: Vec<u8>,
     pub deq: Vec<f32>,
     /// Q8_0: int8 [n][k]; Q4_0: [n][k/2] in GGUF nibble order per block;
-    /// Q6_K: empty (no plane layout).
+    /// the k-quants: their nibble plane (`quant::repack`); empty for Q6_K
+    /// read as GGUF blocks only and for F16/BF16 (read as they are).
     pub qplane: Vec<u8>,
-    /// f16 bits [n][k/32]; empty for Q6_K.
+    /// f16 bits [n][k/32] (Q8_0 and Q4_0 only).
     pub dplane_f16: Vec<u16>,
+    /// The k-quants' GEMV side records and GEMM side words
+    /// (`quant::repack`); empty for the other types.
+    pub side_gemv: Vec<u8>,
+    pub side_gemm: Vec<u8>,
+}
+
+impl QWeights {
+    /// Uploads the matrix in `layout` (`bind::matmul`): the GGUF bytes, or
+    /// the quant plane and the scale/side plane, in the binding's order.
+    pub fn upload(
+        &self,
+        gpu: &Gpu,
+        wt: WType,
+        layout: WeightLayout,
+    ) -> Result<Vec<DeviceBuffer>, GpuError> {
+        Ok(match layout {
+            WeightLayout::GgufBlocks => vec![gpu.upload(&self.gguf)?],
+            WeightLayout::Planes { .. } if wt.is_16bit() => vec![gpu.upload(&self.gguf)?],
+            WeightLayout::Planes { scales } if wt.is_kquant() => vec![
+                gpu.upload(&self.qplane)?,
+                gpu.upload(match scales {
+                    ScaleType::F16 => &self.side_gemv,
+                    ScaleType::F32 => &self.side_gemm,
+                })?,
+            ],
+            WeightLayout::Planes {
+                scales: ScaleType::F16,
+            } => vec![gpu.upload(&self.qplane)?, gpu.upload(&self.dplane_f16)?],
+            WeightLayout::Planes {
+                scales: ScaleType::F32,
+            } => vec![
+                gpu.upload(&self.qplane)?,
+                gpu.upload(&mmq::scales_f32(&self.dplane_f16))?,
+            ],
+        })
+    }
+}
+
+/// Random, valid Q4_K / Q5_K super-blocks for `n` rows of `k` (ggml ships
+/// no reference quantizer we mirror for them): per row a magnitude in
+/// [0.25, 2] as `random_matrix`; per super-block `d` and `dmin` of that
+/// magnitude (about one in eight negative, which the format allows);
+/// random 6-bit scales and mins and random quants, so every bit of every
+/// field is exercised.
+pub(crate) fn random_kquant_blocks(
+    rng: &mut ChaCha8Rng,
+    ty: crate::quant::GgmlType,
+    n: usize,
+    k: usize,
+) -> Vec<u8> {
+    let ts = ty.type_size();
+    let qmax = if ty == crate::quant::GgmlType::Q5K {
+        31.0
+    } else {
+        15.0
+    };
+    let mut out = vec![0u8; n * k / 256 * ts];
+    for row in out.chunks_exact_mut(k / 256 * ts) {
+        let s: f32 = rng.random_range(0.25f32..2.0);
+        for b in row.chunks_exact_mut(ts) {
+            rng.fill(b);
+            let mut f16 = |scale: f32| {
+                let sign = if rng.random_range(0..8) == 0 {
+                    -1.0
+                } else {
+                    1.0
+                };
+                let v = sign * scale * rng.random_range(0.5f32..1.0);
+                half::f16::from_f32(v).to_bits().to_le_bytes()
+            };
+            let d = f16(s / (qmax * 48.0));
+            let dmin = f16(s / 64.0);
+            b[0..2].copy_from_slice(&d);
+            b[2..4].copy_from_slice(&dmin);
+        }
+    }
+    out
 }
 
 pub(crate) fn make_weights(
@@ -77,25 +156,45 @@ pub(crate) fn make_weights(
 ) -> Result<QWeights, GpuError> {
     use rayon::prelude::*;
     let ty = wt.ggml();
-    let f = random_matrix(rng, n, k);
     let row_bytes = wt.row_bytes(k);
-    let mut gguf = vec![0u8; n * row_bytes];
     let mut deq = vec![0f32; n * k];
-    gguf.par_chunks_mut(row_bytes.max(1))
-        .zip(deq.par_chunks_mut(k.max(1)))
-        .zip(f.par_chunks(k.max(1)))
-        .try_for_each(|((dst, out), src)| -> Result<(), GpuError> {
-            quantize_row(ty, src, dst)
-                .map_err(|e| GpuError::Other(format!("quantizing test weights: {e}")))?;
-            dequantize_row(ty, dst, out)
-                .map_err(|e| GpuError::Other(format!("dequantizing test weights: {e}")))
-        })?;
-    let (qplane, dplane_f16) = to_planes(wt, &gguf, n, k);
+    let gguf = if ty.can_quantize() {
+        let f = random_matrix(rng, n, k);
+        let mut gguf = vec![0u8; n * row_bytes];
+        gguf.par_chunks_mut(row_bytes.max(1))
+            .zip(deq.par_chunks_mut(k.max(1)))
+            .zip(f.par_chunks(k.max(1)))
+            .try_for_each(|((dst, out), src)| -> Result<(), GpuError> {
+                quantize_row(ty, src, dst)
+                    .map_err(|e| GpuError::Other(format!("quantizing test weights: {e}")))?;
+                dequantize_row(ty, dst, out)
+                    .map_err(|e| GpuError::Other(format!("dequantizing test weights: {e}")))
+            })?;
+        gguf
+    } else {
+        let gguf = random_kquant_blocks(rng, ty, n, k);
+        dequantize_row(ty, &gguf, &mut deq)
+            .map_err(|e| GpuError::Other(format!("dequantizing test weights: {e}")))?;
+        gguf
+    };
+    let (mut qplane, dplane_f16) = to_planes(wt, &gguf, n, k);
+    let (mut side_gemv, mut side_gemm) = (Vec::new(), Vec::new());
+    if wt.is_kquant() {
+        let err =
+            |e: crate::quant::QuantError| GpuError::Other(format!("repacking test weights: {e}"));
+        let g = repack_kquant(ty, &gguf, n * k, KSide::Gemv).map_err(err)?;
+        let m = repack_kquant(ty, &gguf, n * k, KSide::Gemm).map_err(err)?;
+        qplane = g.nibbles;
+        side_gemv = g.side;
+        side_gemm = m.side;
+    }
     Ok(QWeights {
         gguf,
         deq,
         qplane,
         dplane_f16,
+        side_gemv,
+        side_gemm,
     })
 }
 
@@ -132,23 +231,12 @@ pub(crate) fn seeded_inputs(
     })
 }
 
-/// Splits GGUF blocks into a quant plane and an f16 scale plane. Q6_K has
-/// no plane layout (its kernels read the GGUF super-blocks): both planes
-/// come back empty.
+/// Splits Q8_0 / Q4_0 GGUF blocks into a quant plane and an f16 scale
+/// plane (`quant::repack::block32_planes`). Every other type comes back as
+/// two empty planes: the k-quants have their own repack (`quant::repack`,
+/// `bind::matmul`'s `device_weights`) and F16/BF16 are read as they are.
 pub fn to_planes(wt: WType, gguf: &[u8], n: usize, k: usize) -> (Vec<u8>, Vec<u16>) {
-    if wt == WType::Q6K {
-        return (Vec::new(), Vec::new());
-    }
-    let bsz = wt.ggml().type_size();
-    let qb = wt.quant_bytes_per_block();
-    let nb = k / 32;
-    let mut q = Vec::with_capacity(n * nb * qb);
-    let mut d = Vec::with_capacity(n * nb);
-    for blk in gguf.chunks_exact(bsz).take(n * nb) {
-        d.push(u16::from_le_bytes([blk[0], blk[1]]));
-        q.extend_from_slice(&blk[2..2 + qb]);
-    }
-    (q, d)
+    crate::quant::repack::block32_planes(wt.ggml(), gguf, n, k)
 }
 
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
@@ -249,10 +337,9 @@ pub(crate) struct MatmulWorkload {
 impl MatmulWorkload {
     fn args(&self, copy: usize) -> Result<Vec<KArg>, GpuError> {
         let planes = self.weights.get(copy);
-        let per = match self.binding.layout {
-            WeightLayout::GgufBlocks => 1,
-            WeightLayout::Planes { .. } => 2,
-        };
+        // One or two buffers per matrix (blocks, or quant and scale planes;
+        // F16/BF16 have one in every layout).
+        let per = (planes.len() / self.binding.matrices.max(1)).max(1);
         let w: Vec<Weights> = planes
             .chunks(per)
             .map(|c| Weights {

@@ -2,7 +2,7 @@
 
 use crate::defines::{get_int, int_in, int_range, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
-use crate::problem::{MatmulProblem, WType};
+use crate::problem::{check_wtype, MatmulProblem, WType};
 
 pub(crate) struct Tiles {
     pub bm: usize,
@@ -70,14 +70,36 @@ pub(crate) fn read_tiles(d: &Defines, lim: &DeviceLimits, bn_unit: usize) -> Res
     })
 }
 
-/// Bytes of weight quants per row per BK step.
+/// Bytes of weight quants per row per BK step (the quant plane's share:
+/// `WType::quant_bytes_per_block` per 32 elements).
 pub(crate) fn bkw(wt: WType, bk: usize) -> usize {
+    bk / 32 * wt.quant_bytes_per_block()
+}
+
+/// 4-byte scale or side words per 32 elements a tile stages beside the
+/// quants: the f32 scale (Q8_0, Q4_0), the k-quants' GEMM side words
+/// (`quant::repack::gemm_side_words`), none for F16/BF16.
+pub(crate) fn scale_words(wt: WType) -> usize {
     match wt {
-        WType::Q8_0 => bk,
-        WType::Q4_0 => bk / 2,
-        // 6 bits per weight; the tiled families reject Q6_K before tiling.
-        WType::Q6K => bk * 3 / 4,
+        WType::Q8_0 | WType::Q4_0 => 1,
+        WType::F16 | WType::Bf16 => 0,
+        _ => crate::quant::repack::gemm_side_words(wt.ggml()),
     }
+}
+
+/// The weight type of a gemm_dq / gemm_wgmma shape: every matmul type, the
+/// k-quants on their planes, F16/BF16 as stored with `k` a multiple of 32
+/// (the activation pre-pass permutes k in groups of 16 and the tiles step
+/// in 32-element groups).
+pub(crate) fn gemm_wtype(d: &Defines, mp: &MatmulProblem) -> Result<WType, String> {
+    let wt = check_wtype(d, mp)?;
+    if mp.k % 32 != 0 {
+        return Err(format!(
+            "k={} is not a multiple of 32 (the prefill GEMMs step k in 32-element groups)",
+            mp.k
+        ));
+    }
+    Ok(wt)
 }
 
 pub(crate) fn geometry(

@@ -4,13 +4,15 @@
 //! [`dequantize_row`] (bytes to f32, bit-identical to ggml's reference),
 //! [`quantize_row`] (f32 to bytes with ggml's reference rounding) and
 //! [`dot_row_f32`] (fused dequantize-and-dot for the CPU engine).
-//! [`blocks`] documents each byte layout.
+//! [`blocks`] documents each byte layout; [`repack`] holds the lossless
+//! k-quant plane repacks the matmul kernels read.
 
 pub mod blocks;
 mod dequant;
 mod dot;
 mod error;
 mod quantize;
+pub mod repack;
 
 pub use dequant::{dequantize_row, dequantize_to_vec};
 pub use dot::{dot_row_f32, dot_row_multi_f32};
@@ -210,6 +212,33 @@ impl GgmlType {
             .copied()
             .find(|t| t.name().eq_ignore_ascii_case(name))
     }
+}
+
+/// Checks that `bytes` holds exactly `rows` rows of `k` elements of `ty`
+/// (each row a whole number of blocks).
+pub fn check_row_bytes(
+    ty: GgmlType,
+    bytes: usize,
+    rows: usize,
+    k: usize,
+) -> Result<(), QuantError> {
+    if k % ty.block_size() != 0 {
+        return Err(QuantError::PartialBlockElements {
+            ty,
+            elements: k,
+            block_size: ty.block_size(),
+        });
+    }
+    let want = rows * (k / ty.block_size()) * ty.type_size();
+    if bytes != want {
+        return Err(QuantError::SizeMismatch {
+            ty,
+            what: "matrix bytes",
+            expected: want,
+            actual: bytes,
+        });
+    }
+    Ok(())
 }
 
 impl fmt::Display for GgmlType {

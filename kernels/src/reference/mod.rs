@@ -106,11 +106,17 @@ impl RefKind {
         if mp.m == 0 || mp.n == 0 || mp.k == 0 {
             return Err("m, n and k must be positive".into());
         }
-        if wtype_of(mp.wtype).is_none() {
-            return Err(format!(
-                "weights of type {} cannot be repacked (only Q8_0 and Q4_0)",
-                mp.wtype.name()
-            ));
+        if ref_wtype(self, mp.wtype).is_none() {
+            return Err(match self {
+                RefKind::CublasInt8 => format!(
+                    "weights of type {} cannot be repacked (only Q8_0 and Q4_0)",
+                    mp.wtype.name()
+                ),
+                RefKind::CublasBf16 => format!(
+                    "weights of type {} are not a matmul weight type",
+                    mp.wtype.name()
+                ),
+            });
         }
         if mp.k % 32 != 0 {
             return Err(format!(
@@ -163,13 +169,21 @@ impl RefKind {
     }
 }
 
-/// The weight type of a GGML type the references repack (Q8_0, Q4_0: the
-/// types every matmul family reads; Q6_K, read by one GEMV variant, has no
-/// reference rows).
+/// The weight type of a GGML type the int8 reference repacks (Q8_0, Q4_0:
+/// the types with per-32 int8 quants).
 fn wtype_of(t: GgmlType) -> Option<WType> {
     [WType::Q8_0, WType::Q4_0]
         .into_iter()
         .find(|w| w.ggml() == t)
+}
+
+/// The weight types a reference runs: bf16 on the dequantized weights takes
+/// every matmul weight type, int8 the two with int8 quants.
+fn ref_wtype(kind: RefKind, t: GgmlType) -> Option<WType> {
+    match kind {
+        RefKind::CublasBf16 => WType::of(t),
+        RefKind::CublasInt8 => wtype_of(t),
+    }
 }
 
 /// Largest k the int8 reference accepts.
@@ -269,7 +283,12 @@ pub fn int8_weights(wt: GgmlType, gguf: &[u8], n: usize, k: usize) -> Result<Vec
                 out.extend(qs[..16].iter().map(|&b| (b & 0x0f) as i8 - 8));
                 out.extend(qs[..16].iter().map(|&b| (b >> 4) as i8 - 8));
             }
-            WType::Q6K => return Err("Q6_K has no per-32 int8 quants to repack".into()),
+            other => {
+                return Err(format!(
+                    "{} has no per-32 int8 quants to repack",
+                    other.define()
+                ))
+            }
         }
     }
     Ok(out)
@@ -361,7 +380,7 @@ fn host_inputs(
     mp: &MatmulProblem,
     seed: u64,
 ) -> Result<std::sync::Arc<SeededInputs>, RefError> {
-    let wt = wtype_of(mp.wtype)
+    let wt = ref_wtype(kind, mp.wtype)
         .ok_or_else(|| RefError::Unsupported(format!("{} weights", mp.wtype.name())))?;
     let dims = [mp.m, mp.n, mp.k, wt as usize];
     Ok(seeded_inputs(
@@ -628,8 +647,16 @@ mod tests {
             .supports(&p(1, 8, 48, GgmlType::Q8_0))
             .unwrap_err()
             .contains("multiple of the 32-element block"));
+        // bf16 runs every matmul weight type (dequantized), int8 only the
+        // types with int8 quants; neither a type no matmul family reads.
         assert!(RefKind::CublasBf16
-            .supports(&p(1, 8, 64, GgmlType::Q4K))
+            .supports(&p(1, 8, 256, GgmlType::Q4K))
+            .is_ok());
+        assert!(RefKind::CublasInt8
+            .supports(&p(1, 8, 256, GgmlType::Q4K))
+            .is_err());
+        assert!(RefKind::CublasBf16
+            .supports(&p(1, 8, 64, GgmlType::Q4_1))
             .is_err());
         assert_eq!(references_for("mmq"), RefKind::ALL);
         assert_eq!(references_for("gemv"), [RefKind::CublasBf16]);
