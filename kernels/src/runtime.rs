@@ -67,7 +67,9 @@ impl Kernel {
     /// (so a staged release suite can run with the check on).
     fn check_args(&self, args: &[KArg]) -> Result<(), GpuError> {
         match &self.params {
-            Some(l) if check_args_enabled() => crate::gpu::check_args(&self.geo.kernel, l, args),
+            Some(l) if crate::gpu::launch_args_checked() => {
+                crate::gpu::check_args(&self.geo.kernel, l, args)
+            }
             _ => Ok(()),
         }
     }
@@ -117,14 +119,6 @@ impl Kernel {
             sequence: LaunchSequence::Single,
         })
     }
-}
-
-/// Whether launches check their arguments (`Kernel::check_args`), read once.
-fn check_args_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        cfg!(debug_assertions) || std::env::var("GEMTUNE_CHECK_ARGS").is_ok_and(|v| v == "1")
-    })
 }
 
 /// Compiles (through the on-disk cubin cache) and loads each distinct

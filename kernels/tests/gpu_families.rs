@@ -579,8 +579,11 @@ fn debug_launches_refuse_wrong_argument_lists() {
     use gemtune_kernels::family::RowsProblem;
     use gemtune_kernels::gpu::{GpuError, KArg};
     use gemtune_kernels::runtime::KernelCache;
-    if !cfg!(debug_assertions) {
-        panic!("the argument check exists in debug builds only: run this test without --release");
+    if !gemtune_kernels::gpu::launch_args_checked() {
+        panic!(
+            "the argument check is on in debug builds or with GEMTUNE_CHECK_ARGS=1: run this test \
+             without --release or with that variable set"
+        );
     }
     let g = gpu();
     let f = family("softcap").unwrap();
