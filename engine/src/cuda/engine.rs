@@ -104,6 +104,11 @@ pub struct CudaEngine<'m> {
     pub(super) cache: KernelCache,
     /// What a decode step reads apart from the cache (`step_reads`).
     pub(super) step_reads: crate::step_bytes::StepReads,
+    /// The file's bytes of the tensors the weights were uploaded from
+    /// (`ModelDims::file_bytes`), next to `weight_bytes`.
+    pub(super) file_weight_bytes: u64,
+    /// Every weight converted lossily at load (`ModelDims::converted`).
+    pub(super) conversions: Vec<String>,
 }
 
 pub(super) fn dev(e: GpuError) -> EngineError {
@@ -166,7 +171,15 @@ impl<'m> CudaEngine<'m> {
         })?;
 
         let scratch = attn_scratch_bytes(cfg, &sizing);
-        let need = weights::model_bytes(model, &plan.layouts)
+        if planner.profile.lossless && !dims.converted.is_empty() {
+            return Err(EngineError::Device(format!(
+                "profile {} converts no weights lossily, and this model needs {} conversion(s): {}",
+                planner.profile.name,
+                dims.converted.len(),
+                dims.converted.join("; ")
+            )));
+        }
+        let need = weights::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
             + DRIVER_MARGIN;
@@ -216,6 +229,8 @@ impl<'m> CudaEngine<'m> {
             cublas,
             cache,
             step_reads,
+            file_weight_bytes: dims.file_bytes,
+            conversions: dims.converted,
         })
     }
 
@@ -232,6 +247,15 @@ impl<'m> CudaEngine<'m> {
     /// Device bytes of the weights (every layout uploaded).
     pub fn weight_bytes(&self) -> u64 {
         self.w.bytes
+    }
+    /// The file's bytes of the tensors the weights were uploaded from.
+    pub fn file_weight_bytes(&self) -> u64 {
+        self.file_weight_bytes
+    }
+    /// Lines naming every matrix converted lossily at load (empty when
+    /// every weight is read in its own type).
+    pub fn conversions(&self) -> &[String] {
+        &self.conversions
     }
     /// Device bytes of the bf16 weight copies of the cuBLAS profile.
     pub fn extra_bf16_bytes(&self) -> u64 {
@@ -299,8 +323,10 @@ impl<'m> CudaEngine<'m> {
                 self.planner.profile.source
             ),
             format!(
-                "device memory: weights {} B, KV cache {} B ({}), buffers {} B; ubatch {}, max_seq {}",
+                "device memory: weights {} B ({:.3}x the file's {} B of those tensors), KV cache {} B ({}), buffers {} B; ubatch {}, max_seq {}",
                 self.w.bytes,
+                self.w.bytes as f64 / self.file_weight_bytes.max(1) as f64,
+                self.file_weight_bytes,
                 self.kv.bytes(),
                 self.kv.kv_type.name(),
                 self.b.bytes(),
@@ -314,7 +340,7 @@ impl<'m> CudaEngine<'m> {
                 self.w.bf16_bytes
             ));
         }
-        for c in &self.w.converted {
+        for c in &self.conversions {
             v.push(format!("converted at load: {c}"));
         }
         v.extend(self.plan.describe());
