@@ -171,14 +171,7 @@ impl<'m> CudaEngine<'m> {
         })?;
 
         let scratch = attn_scratch_bytes(cfg, &sizing);
-        if planner.profile.lossless && !dims.converted.is_empty() {
-            return Err(EngineError::Device(format!(
-                "profile {} converts no weights lossily, and this model needs {} conversion(s): {}",
-                planner.profile.name,
-                dims.converted.len(),
-                dims.converted.join("; ")
-            )));
-        }
+        refuse_lossy(&planner.profile, &dims)?;
         let need = weights::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
@@ -346,6 +339,20 @@ impl<'m> CudaEngine<'m> {
         v.extend(self.plan.describe());
         v
     }
+}
+
+/// A lossless profile (`strict`) refuses a model whose weights the engine
+/// would convert lossily at load (`ModelDims::converted`), naming them.
+pub fn refuse_lossy(profile: &Profile, dims: &ModelDims) -> Result<(), EngineError> {
+    if profile.lossless && !dims.converted.is_empty() {
+        return Err(EngineError::Device(format!(
+            "profile {} converts no weights lossily, and this model needs {} conversion(s): {}",
+            profile.name,
+            dims.converted.len(),
+            dims.converted.join("; ")
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses configs the kernels cannot run, before touching the GPU.

@@ -1402,4 +1402,42 @@ mod tests {
             }
         }
     }
+
+    /// `strict` refuses what it would convert lossily (F32 projections:
+    /// no matmul kernel reads them; the mixes' mixed Q|K|V groups), naming
+    /// the matrices and why; `main` loads them and lists the conversions;
+    /// the uniform native files pass both.
+    #[test]
+    fn lossless_profiles_refuse_lossy_conversions() {
+        use crate::cuda::engine::refuse_lossy;
+        let cfg = synth::preset(SynthVariant::Tiny);
+        for (w, refused) in [
+            (WeightType::F32, "no matmul kernel reads f32"),
+            (WeightType::Q8_0, ""),
+            (WeightType::F16, ""),
+            (WeightType::Bf16, ""),
+        ] {
+            for profile in ["main", "strict"] {
+                let p = Profile::load(profile).expect("profile");
+                let planner = Planner::new(p.clone(), None, DeviceLimits::for_arch(Arch(90)));
+                let dims = ModelDims::of_synth(&cfg, w, &planner);
+                let r = refuse_lossy(&p, &dims);
+                match (refused, profile) {
+                    ("", _) | (_, "main") => {
+                        assert!(r.is_ok(), "{} {profile}: {r:?}", w.name());
+                        assert_eq!(
+                            dims.converted.is_empty(),
+                            refused.is_empty(),
+                            "{}",
+                            w.name()
+                        );
+                    }
+                    (why, _) => {
+                        let e = r.expect_err("refused").to_string();
+                        assert!(e.contains(why) && e.contains("attn_qkv"), "{e}");
+                    }
+                }
+            }
+        }
+    }
 }
