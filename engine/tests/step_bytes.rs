@@ -46,7 +46,8 @@ fn assert_gguf_sized_layouts(p: &ForwardPlan) {
     let b = p.bucket(1).expect("one-row bucket");
     let mut all: Vec<&MatmulPlan> = Vec::new();
     for l in &b.layers {
-        all.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
+        all.extend(&l.qkv);
+        all.extend([&l.o, &l.gate_up, &l.down]);
         if let Some(x) = &l.ple {
             all.extend([&x.gate, &x.proj]);
         }

@@ -85,7 +85,9 @@ pub struct ModelDims {
 
 #[derive(Clone, Debug)]
 pub struct LayerDims {
-    pub qkv: MatDim,
+    /// The Q|K|V runs (`weights::fused_runs`): one unless the parts' types
+    /// differ.
+    pub qkv: Vec<MatDim>,
     pub o: MatDim,
     pub gate_up: MatDim,
     pub down: MatDim,
@@ -216,8 +218,16 @@ impl ModelDims {
                         qkv.push((name(i, "attn_v"), l.kv_dim()));
                     }
                 }
+                let types: Vec<GgmlType> = qkv.iter().map(|(n, _)| ty(n)).collect();
+                let runs = weights::fused_runs(&types);
                 LayerDims {
-                    qkv: b.matrix(&format!("blk.{i}.attn_qkv"), &qkv, d),
+                    qkv: runs
+                        .iter()
+                        .enumerate()
+                        .map(|(j, r)| {
+                            b.matrix(&weights::qkv_run_name(i, j, runs.len()), &qkv[r.clone()], d)
+                        })
+                        .collect(),
                     o: b.matrix(
                         &name(i, "attn_output"),
                         &[(name(i, "attn_output"), d)],
@@ -474,7 +484,9 @@ pub struct LayerPlan {
     /// and the first after the rows were compacted (otherwise the previous
     /// layer's end writes it).
     pub input_norm: LaunchId,
-    pub qkv: MatmulPlan,
+    /// One projection per Q|K|V run (`LayerDims::qkv`), all reading the
+    /// input norm's one format.
+    pub qkv: Vec<MatmulPlan>,
     pub qk_norm_rope: LaunchId,
     pub attention: AttnPlan,
     pub o: MatmulPlan,
@@ -493,6 +505,13 @@ pub struct LayerPlan {
     /// The same without the next norm (the last layer, or before the rows
     /// are compacted).
     pub end: LaunchId,
+}
+
+impl LayerPlan {
+    /// The format every Q|K|V run reads (the input norm writes it).
+    pub fn qkv_input(&self) -> ActFormat {
+        self.qkv.first().map_or(ActFormat::F32, |m| m.input)
+    }
 }
 
 /// The per-layer inputs of E2B/E4B.
@@ -887,11 +906,30 @@ impl Builder<'_> {
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for (l, ld) in dims.layers.iter().enumerate() {
-            let qkv = self.matmul(Proj::Qkv, ld.qkv, r, false)?;
+            let qkv = ld
+                .qkv
+                .iter()
+                .map(|&m| self.matmul(Proj::Qkv, m, r, false))
+                .collect::<Result<Vec<_>, _>>()?;
+            let qkv_input = match qkv.split_first() {
+                Some((first, rest)) if rest.iter().all(|m| m.input == first.input) => first.input,
+                Some((first, _)) => {
+                    return Err(PlanError::slot(
+                        first.slot,
+                        "the Q|K|V runs of different weight types read different activation formats (one input norm writes them)",
+                    ))
+                }
+                None => {
+                    return Err(PlanError::slot(
+                        Slot::matmul(Proj::Qkv, r),
+                        format!("layer {l} has no Q projection"),
+                    ))
+                }
+            };
             let input_norm = self.push(
                 Slot::RmsNorm,
                 rows_problem(r, d),
-                norm_bound(qkv.input, false, true),
+                norm_bound(qkv_input, false, true),
                 GridRule::Rows,
             )?;
             let o_fmt = self.input_format(Proj::O, ld.o, r)?;
@@ -953,7 +991,10 @@ impl Builder<'_> {
             };
             let end_with_next_norm = match dims.layers.get(l + 1) {
                 Some(next) => {
-                    let f = self.input_format(Proj::Qkv, next.qkv, r)?;
+                    let f = match next.qkv.first() {
+                        Some(&m) => self.input_format(Proj::Qkv, m, r)?,
+                        None => ActFormat::F32,
+                    };
                     Some(self.push(
                         Slot::RmsNorm,
                         rows_problem(r, d),
@@ -1050,7 +1091,9 @@ impl ForwardPlan {
                 each(&p.model_proj);
             }
             for l in &bk.layers {
-                each(&l.qkv);
+                for m in &l.qkv {
+                    each(m);
+                }
                 each(&l.o);
                 each(&l.gate_up);
                 each(&l.down);
@@ -1301,9 +1344,10 @@ mod tests {
 
     /// Synthetic E4B and 12B files in the k-quant mixes and the 16-bit
     /// types plan under `main` and `strict` with every projection read in
-    /// its file type: the only conversions are the Q|K|V groups whose parts'
-    /// types differ (the mixes' Q6_K `attn_v` beside Q4_K/Q5_K Q and K).
-    /// The device bytes follow the layouts each profile reads.
+    /// its file type and nothing converted: a Q|K|V whose parts' types
+    /// differ (the mixes' Q6_K `attn_v` beside Q4_K/Q5_K Q and K) is planned
+    /// as one launch per run of one type. The device bytes follow the
+    /// layouts each profile reads.
     #[test]
     fn kquant_and_16bit_files_plan_their_own_types() {
         use crate::synth::mix;
@@ -1349,25 +1393,31 @@ mod tests {
                         ] {
                             assert_eq!(dim.2, ty[name(l, part).as_str()], "{what} {l} {part}");
                         }
-                        let qkv: BTreeSet<GgmlType> = ["attn_q", "attn_k", "attn_v"]
+                        let qkv: Vec<GgmlType> = ["attn_q", "attn_k", "attn_v"]
                             .iter()
                             .filter(|p| cfg.layers[l].owns_kv() || **p == "attn_q")
                             .filter_map(|p| ty.get(name(l, p).as_str()).copied())
                             .collect();
-                        if qkv.len() == 1 {
-                            assert_eq!(Some(&ld.qkv.2), qkv.first(), "{what} {l} qkv");
-                        } else {
-                            mixed += 1;
-                            assert_eq!(ld.qkv.2, GgmlType::Q8_0, "{what} {l} qkv");
-                            let line = format!("blk.{l}.attn_qkv ");
-                            assert!(
-                                dims.converted.iter().any(|c| c.starts_with(&line)),
-                                "{what}: {line} not listed in {:?}",
-                                dims.converted
-                            );
-                        }
+                        // One run per change of type along Q, K, V, each
+                        // in its parts' own type.
+                        let mut want: Vec<GgmlType> = qkv.clone();
+                        want.dedup();
+                        let got: Vec<GgmlType> = ld.qkv.iter().map(|m| m.2).collect();
+                        assert_eq!(got, want, "{what} {l} qkv runs");
+                        mixed += (want.len() > 1) as usize;
+                        let n: usize = ld.qkv.iter().map(|m| m.0).sum();
+                        let b = &plan.buckets[0].layers[l];
+                        assert_eq!(b.qkv.len(), ld.qkv.len(), "{what} {l}");
+                        assert!(b.qkv.iter().all(|m| m.input == b.qkv_input()));
+                        let lc = &cfg.layers[l];
+                        let kv = match (lc.owns_kv(), lc.k_eq_v) {
+                            (false, _) => 0,
+                            (true, true) => lc.kv_dim(),
+                            (true, false) => 2 * lc.kv_dim(),
+                        };
+                        assert_eq!(n, lc.q_dim() + kv, "{what} {l} qkv width");
                     }
-                    assert_eq!(dims.converted.len(), mixed, "{what}: {:?}", dims.converted);
+                    assert!(dims.converted.is_empty(), "{what}: {:?}", dims.converted);
                     let mixes = matches!(w, WeightType::Q4KM | WeightType::Q5KM);
                     assert_eq!(mixed > 0, mixes, "{what}: {mixed} mixed Q|K|V groups");
                     if let Some(mp) = dims.ple_model_proj {

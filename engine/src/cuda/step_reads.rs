@@ -49,7 +49,8 @@ pub fn of_plan(plan: &ForwardPlan, cfg: &Gemma4Config, dims: &ModelDims) -> Opti
         matrices += matmul_bytes(&p.model_proj);
     }
     for l in &b.layers {
-        matrices += [&l.qkv, &l.o, &l.gate_up, &l.down]
+        matrices += l.qkv.iter().map(matmul_bytes).sum::<u64>();
+        matrices += [&l.o, &l.gate_up, &l.down]
             .into_iter()
             .map(matmul_bytes)
             .sum::<u64>();

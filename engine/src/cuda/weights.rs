@@ -11,10 +11,11 @@
 //!   built, and a plane two layouts share is uploaded once.
 //! - Matrices that one kernel reads together are concatenated along the
 //!   output features: Q, K and V of a layer (`qkv`), gate and up
-//!   (`gate_up`). When the fused parts' types differ (Q4_K_M files: a
-//!   Q6_K `attn_v` beside Q4_K `attn_q`/`attn_k`), or a type is no matmul
-//!   type (F32, Q5_0, ...), the matrix is dequantized and requantized to
-//!   Q8_0 at load: 8.5 bits per weight, a relative error per weight of at
+//!   (`gate_up`). A Q|K|V whose parts' types differ (Q4_K_M files: a Q6_K
+//!   `attn_v` beside Q4_K `attn_q`/`attn_k`) is split into runs of one type
+//!   (`fused_runs`), each its own matrix and launch. A gate|up whose types
+//!   differ, and a matrix of a type no matmul kernel reads (F32, Q5_0,
+//!   ...), is dequantized and requantized to Q8_0 at load: 8.5 bits per weight, a relative error per weight of at
 //!   most 1/254 of its 32-block's largest magnitude, on top of the file's
 //!   own quantization. `ModelDims::converted` lists every such matrix
 //!   before the upload, so `run`/`bench` say so, and a lossless profile
@@ -215,6 +216,33 @@ pub fn device_type(parts: &[GgmlType]) -> WType {
     match parts.split_first() {
         Some((&t, rest)) if rest.iter().all(|&r| r == t) => WType::of(t).unwrap_or(WType::Q8_0),
         _ => WType::Q8_0,
+    }
+}
+
+/// The runs a fused Q|K|V of file types `parts` is uploaded and launched
+/// as: consecutive parts whose device types (`device_type` of each alone)
+/// agree share a run, so a V stored as Q6_K beside Q4_K Q and K (Q4_K_M
+/// files) is a second matrix read in its own type, not requantized. Each
+/// run's launch writes its own `[rows][n_run]` block of the Q|K|V buffer
+/// (`stages::attention_block`), and Q, K and V are read from there with
+/// their run's row stride.
+pub fn fused_runs(parts: &[GgmlType]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &t) in parts.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if device_type(&[parts[r.start]]) == device_type(&[t]) => r.end = i + 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
+/// The name of run `j` of `runs` of layer `l`'s Q|K|V.
+pub fn qkv_run_name(l: usize, j: usize, runs: usize) -> String {
+    if runs == 1 {
+        format!("blk.{l}.attn_qkv")
+    } else {
+        format!("blk.{l}.attn_qkv.{j}")
     }
 }
 
@@ -483,8 +511,9 @@ pub fn upload_table(
 
 /// One layer's device weights.
 pub struct LayerWeights {
-    /// Q | K | V (K-shared layers: Q only; k_eq_v layers: Q | K).
-    pub qkv: GpuMatrix,
+    /// Q | K | V (K-shared layers: Q only; k_eq_v layers: Q | K), in the
+    /// runs of `fused_runs` (one unless the parts' types differ).
+    pub qkv: Vec<GpuMatrix>,
     pub o: GpuMatrix,
     /// gate | up.
     pub gate_up: GpuMatrix,
@@ -553,7 +582,7 @@ pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
     };
     let mut b = 0u64;
     for l in &dims.layers {
-        b += mat(&l.qkv, Proj::Qkv) + mat(&l.o, Proj::O);
+        b += l.qkv.iter().map(|m| mat(m, Proj::Qkv)).sum::<u64>() + mat(&l.o, Proj::O);
         b += mat(&l.gate_up, Proj::GateUp) + mat(&l.down, Proj::Down);
         if let Some((g, p)) = &l.ple {
             b += mat(g, Proj::Ple) + mat(p, Proj::Ple);
@@ -579,7 +608,20 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
         let up = |name: &str, parts: &[&MatRef], p: Proj| -> Result<GpuMatrix, GpuError> {
             upload_matrix(gpu, model, name, parts, lay.get(p))
         };
-        let qkv = up(&format!("blk.{i}.attn_qkv"), &qkv_parts(lw), Proj::Qkv)?;
+        let parts = qkv_parts(lw);
+        let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
+        let runs = fused_runs(&types);
+        let qkv = runs
+            .iter()
+            .enumerate()
+            .map(|(j, r)| {
+                up(
+                    &qkv_run_name(i, j, runs.len()),
+                    &parts[r.clone()],
+                    Proj::Qkv,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let o = up(&lw.attn_output.name, &[&lw.attn_output], Proj::O)?;
         let gate_up = up(
             &format!("blk.{i}.ffn_gate_up"),
@@ -659,7 +701,7 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
     let mut bytes: u64 = layers
         .iter()
         .map(|l| {
-            l.qkv.bytes()
+            l.qkv.iter().map(|m| m.bytes()).sum::<u64>()
                 + l.o.bytes()
                 + l.gate_up.bytes()
                 + l.down.bytes()
@@ -676,7 +718,10 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
     let bf16_bytes = layers
         .iter()
         .map(|l| {
-            l.qkv.bf16_bytes() + l.o.bf16_bytes() + l.gate_up.bf16_bytes() + l.down.bf16_bytes()
+            l.qkv.iter().map(|m| m.bf16_bytes()).sum::<u64>()
+                + l.o.bf16_bytes()
+                + l.gate_up.bf16_bytes()
+                + l.down.bf16_bytes()
         })
         .sum::<u64>()
         + ple_model_proj.as_ref().map(|m| m.bf16_bytes()).unwrap_or(0);
