@@ -355,6 +355,48 @@ pub fn refuse_lossy(profile: &Profile, dims: &ModelDims) -> Result<(), EngineErr
     Ok(())
 }
 
+/// What a model's weights take on the device under a profile, planned
+/// without a GPU (`gemtune info`).
+#[derive(Clone, Debug)]
+pub struct WeightPlan {
+    /// Device bytes of the weights in the layouts the plan reads.
+    pub device_bytes: u64,
+    /// The file's bytes of the tensors they are uploaded from.
+    pub file_bytes: u64,
+    /// Every lossy conversion at load (`ModelDims::converted`).
+    pub converted: Vec<String>,
+}
+
+/// Plans `model` under `profile` on `arch` (with the committed tuned table
+/// for it, the default cache and chunk sizes) and returns what its weights
+/// take on the device.
+pub fn weight_plan(
+    model: &Model,
+    profile: Profile,
+    arch: gemtune_kernels::compile::Arch,
+) -> Result<WeightPlan, EngineError> {
+    let cfg = model.config();
+    let tuned = tuned_table(None, &arch.to_string())?;
+    let planner = Planner::new(
+        profile,
+        tuned,
+        gemtune_kernels::family::DeviceLimits::for_arch(arch),
+    );
+    let dims = ModelDims::of_model(model, &planner);
+    let max_seq = 4096.min(cfg.context_length.max(1));
+    let sizing = Sizing {
+        max_seq,
+        ubatch: DEFAULT_UBATCH.min(max_seq),
+        kv_type: KvType::F16,
+    };
+    let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
+    Ok(WeightPlan {
+        device_bytes: weights::model_bytes(&dims, &plan.layouts),
+        file_bytes: dims.file_bytes,
+        converted: dims.converted,
+    })
+}
+
 /// Refuses configs the kernels cannot run, before touching the GPU.
 fn check_config(cfg: &Gemma4Config) -> Result<(), EngineError> {
     let bad = |m: String| Err(EngineError::Device(m));
