@@ -172,7 +172,7 @@ impl<'m> CudaEngine<'m> {
 
         let scratch = attn_scratch_bytes(cfg, &sizing);
         refuse_lossy(&planner.profile, &dims)?;
-        let need = weights::model_bytes(&dims, &plan.layouts)
+        let need = super::forward_plan::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
             + DRIVER_MARGIN;
@@ -391,7 +391,7 @@ pub fn weight_plan(
     };
     let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
     Ok(WeightPlan {
-        device_bytes: weights::model_bytes(&dims, &plan.layouts),
+        device_bytes: super::forward_plan::model_bytes(&dims, &plan.layouts),
         file_bytes: dims.file_bytes,
         converted: dims.converted,
     })

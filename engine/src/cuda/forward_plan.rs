@@ -282,6 +282,33 @@ impl ModelDims {
     }
 }
 
+/// Device bytes of a model's weights in `lay`, from its shapes and device
+/// types (the fit check before any allocation; `upload` allocates exactly
+/// these): every projection in its layouts, the embedding tables as the
+/// kernels read them, and the tied head unless it shares the table.
+pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
+    let mat = |m: &MatDim, p: Proj| {
+        let wt = WType::of(m.2).unwrap_or(WType::Q8_0);
+        weights::planned_bytes(wt, m.0, m.1, lay.get(p))
+    };
+    let mut b = 0u64;
+    for l in &dims.layers {
+        b += l.qkv.iter().map(|m| mat(m, Proj::Qkv)).sum::<u64>() + mat(&l.o, Proj::O);
+        b += mat(&l.gate_up, Proj::GateUp) + mat(&l.down, Proj::Down);
+        if let Some((g, p)) = &l.ple {
+            b += mat(g, Proj::Ple) + mat(p, Proj::Ple);
+        }
+    }
+    b += dims.table_bytes;
+    if !lay.head_native {
+        b += mat(&dims.head, Proj::Head);
+    }
+    if let Some(mp) = &dims.ple_model_proj {
+        b += mat(mp, Proj::Ple);
+    }
+    b
+}
+
 /// The weight type the tied head (`token_embd`, `n` x `k`, stored as
 /// `embd`) is read as: Q6_K as it is in the file when `gemv.head` resolves,
 /// at every row count the head runs (1..=GEMV_MAX_ROWS), to a variant that
@@ -1428,7 +1455,7 @@ mod tests {
                     // under strict (one layout, the GEMV's, and the head
                     // on the table) the file's bytes, Q6_K's record
                     // padding apart.
-                    let bytes = weights::model_bytes(&dims, &plan.layouts);
+                    let bytes = model_bytes(&dims, &plan.layouts);
                     let ratio = bytes as f64 / dims.file_bytes as f64;
                     eprintln!(
                         "{what}: weights {bytes} B on the device, {} B in the file ({ratio:.4}x), {} converted",

@@ -27,9 +27,10 @@
 //!   every row count (`forward_plan::head_type`); otherwise it reads its own
 //!   planes of the device type.
 //! - `upload` puts a whole model on the device in the layouts the forward
-//!   plan reads (`ProjLayouts`); `model_bytes` is the same sum computed from
-//!   the model's shapes before any allocation (the fit check), and
-//!   `planned_bytes` equals `HostCopies::bytes` of every matrix.
+//!   plan reads (`ProjLayouts`); `forward_plan::model_bytes` is the same
+//!   sum computed from the model's shapes before any allocation (the fit
+//!   check), and `planned_bytes` equals `HostCopies::bytes` of every
+//!   matrix.
 //! - Norm weights are f32 vectors, the layer scalars one f32 array.
 
 use gemtune_kernels::bind::matmul::{
@@ -42,7 +43,6 @@ use gemtune_kernels::quant::{dequantize_row, quantize_row, GgmlType};
 use rayon::prelude::*;
 use std::sync::Arc;
 
-use super::forward_plan::{MatDim, ModelDims};
 use super::slots::Proj;
 use crate::config::AttnKind;
 use crate::model::{MatRef, Model};
@@ -569,33 +569,6 @@ pub fn qkv_parts(lw: &crate::model::LayerWeights) -> Vec<&MatRef> {
         }
     }
     parts
-}
-
-/// Device bytes of a model's weights in `lay`, from its shapes and device
-/// types (the fit check before any allocation; `upload` allocates exactly
-/// these): every projection in its layouts, the embedding tables as the
-/// kernels read them, and the tied head unless it shares the table.
-pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
-    let mat = |m: &MatDim, p: Proj| {
-        let wt = WType::of(m.2).unwrap_or(WType::Q8_0);
-        planned_bytes(wt, m.0, m.1, lay.get(p))
-    };
-    let mut b = 0u64;
-    for l in &dims.layers {
-        b += l.qkv.iter().map(|m| mat(m, Proj::Qkv)).sum::<u64>() + mat(&l.o, Proj::O);
-        b += mat(&l.gate_up, Proj::GateUp) + mat(&l.down, Proj::Down);
-        if let Some((g, p)) = &l.ple {
-            b += mat(g, Proj::Ple) + mat(p, Proj::Ple);
-        }
-    }
-    b += dims.table_bytes;
-    if !lay.head_native {
-        b += mat(&dims.head, Proj::Head);
-    }
-    if let Some(mp) = &dims.ple_model_proj {
-        b += mat(mp, Proj::Ple);
-    }
-    b
 }
 
 /// Uploads a model's weights in the layouts `lay` names.
