@@ -18,6 +18,11 @@
 //!   files): the head reads the table's Q6_K blocks with no converted copy;
 //!   `main` holds its bar, and the fp-contract kernels stay within strict's
 //!   1e-4.
+//! - Every native weight type beyond Q8_0/Q4_0 (tiny at d_model 256 in
+//!   q4_k_m, q5_k_m, q6_k, f16, bf16): nothing converted at load, `strict`
+//!   within 1e-5 of the CPU engine, `main` within its bar; the k-quant
+//!   mixes' Q|K|V groups of two types run as one launch per type; an F32
+//!   model is refused by `strict` and its conversions named under `main`.
 
 use gemtune_engine::cpu::{CpuEngine, CpuOptions};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
