@@ -118,6 +118,11 @@ pub trait Engine {
     fn step_reads(&self) -> Option<StepReads> {
         None
     }
+    /// One line naming every weight converted lossily at load, when any was
+    /// (`run` and `bench` print it).
+    fn conversion_notice(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Engine for CpuEngine<'_> {

@@ -51,6 +51,11 @@ pub struct ProfileFile {
     /// K/V cache type this profile asks for (`--kv-type` overrides it).
     #[serde(default)]
     pub kv_type: Option<String>,
+    /// Weights are never converted lossily at load: a model with a matrix
+    /// no kernel reads in its own type is refused (`strict`). Inherited
+    /// from the base unless set.
+    #[serde(default)]
+    pub lossless: Option<bool>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -100,6 +105,8 @@ pub struct Profile {
     /// Where it came from (`builtin:main` or a path).
     pub source: String,
     pub kv_type: Option<String>,
+    /// Refuse models whose weights the engine would convert lossily.
+    pub lossless: bool,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -394,6 +401,7 @@ impl Profile {
                 description: String::new(),
                 source: String::new(),
                 kv_type: None,
+                lossless: false,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -404,6 +412,9 @@ impl Profile {
         p.source = source.to_string();
         if f.kv_type.is_some() {
             p.kv_type = f.kv_type.clone();
+        }
+        if let Some(l) = f.lossless {
+            p.lossless = l;
         }
         for (k, v) in f.fallback {
             check_choice(&loc, "fallback", &k, &v.family, &v.defines)?;

@@ -18,6 +18,11 @@
 //!   files): the head reads the table's Q6_K blocks with no converted copy;
 //!   `main` holds its bar, and the fp-contract kernels stay within strict's
 //!   1e-4.
+//! - Every native weight type beyond Q8_0/Q4_0 (tiny at d_model 256 in
+//!   q4_k_m, q5_k_m, q6_k, f16, bf16): nothing converted at load, `strict`
+//!   within 1e-5 of the CPU engine, `main` within its bar; the k-quant
+//!   mixes' Q|K|V groups of two types run as one launch per type; an F32
+//!   model is refused by `strict` and its conversions named under `main`.
 
 use gemtune_engine::cpu::{CpuEngine, CpuOptions};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
@@ -468,4 +473,166 @@ fn per_layer_trace_matches_the_cpu_engine() {
             );
         }
     }
+}
+
+/// Tiny with d_model and the PLE width at 256, stored as `w`: every
+/// projection's input width is whole 256-element super-blocks, so the
+/// k-quant files keep their Q4_K / Q5_K / Q6_K tensors (no Q5_0 / Q5_1 / F16
+/// fallbacks), and the embedding tables are Q6_K as in published files.
+fn tiny_native(w: WeightType) -> Model {
+    let mut cfg = synth::preset(SynthVariant::Tiny);
+    cfg.d_model = 256;
+    cfg.ple_dim = 256;
+    let bytes = SynthModel::from_config(cfg, w, 5)
+        .and_then(|s| s.write_to_vec())
+        .expect("synth tiny");
+    let name = format!("tiny-{}-d256", w.name());
+    Model::from_gguf(GgufFile::from_bytes(bytes, &name).expect("gguf")).expect("load")
+}
+
+/// The weight types the engine reads natively beyond Q8_0 / Q4_0.
+const NATIVE_TYPES: [WeightType; 5] = [
+    WeightType::Q4KM,
+    WeightType::Q5KM,
+    WeightType::Q6K,
+    WeightType::F16,
+    WeightType::Bf16,
+];
+
+/// Loaded under a profile, every matrix is read in its own type (the
+/// k-quant mixes' Q|K|V groups with a Q6_K V run as two launches): nothing
+/// is converted, and the weights take the file's bytes
+/// plus the layouts' overhead (`bound` times the file's bytes at most).
+fn assert_native_upload(e: &CudaEngine<'_>, what: &str, bound: f64) {
+    assert!(
+        e.conversions().is_empty(),
+        "{what}: converted at load: {:?}",
+        e.conversions()
+    );
+    let ratio = e.weight_bytes() as f64 / e.file_weight_bytes() as f64;
+    eprintln!(
+        "{what}: weights {} B on the device for {} B in the file ({ratio:.4}x)",
+        e.weight_bytes(),
+        e.file_weight_bytes()
+    );
+    assert!(ratio <= bound, "{what}: {ratio:.4}x the file's bytes");
+}
+
+/// `strict` on every native type: fp-contract kernels over the weights'
+/// own values, so the CUDA engine matches the CPU engine to 1e-5; the
+/// k-quant mixes' Q|K|V groups of two types run as one launch per type.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strict_reads_every_native_type_exactly() {
+    for w in NATIVE_TYPES {
+        let m = tiny_native(w);
+        let what = format!("tiny {} strict", w.name());
+        // strict reads one layout (the GEMV's planes) and the head on the
+        // table: the file's bytes, Q6_K's record padding apart.
+        assert_native_upload(&cuda(&m, "strict", 256, 64, true), &what, 224.0 / 210.0);
+        let a = compare_engines(&m, "strict", 200, 64);
+        eprintln!(
+            "{what}: worst rms_rel {:.3e}, top-1 {:.4}",
+            a.worst_rms, a.top1
+        );
+        assert!(
+            a.worst_rms < 1e-5,
+            "{what}: worst row rms_rel {:.3e}",
+            a.worst_rms
+        );
+    }
+}
+
+/// `main` on every native type: top-1 agreement of 99 % or more and
+/// RMS-relative error under 1e-2 against the CPU engine.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn main_agrees_on_every_native_type() {
+    for w in NATIVE_TYPES {
+        let m = tiny_native(w);
+        let what = format!("tiny {} main", w.name());
+        // main also uploads the prefill GEMMs' side words (k-quants) and
+        // the head's own Q6_K planes.
+        assert_native_upload(&cuda(&m, "main", 256, 128, true), &what, 2.0);
+        let a = compare_engines(&m, "main", 200, 128);
+        eprintln!(
+            "{what}: worst rms_rel {:.3e}, top-1 {:.4}",
+            a.worst_rms, a.top1
+        );
+        assert!(
+            a.worst_rms < 1e-2,
+            "{what}: worst row rms_rel {:.3e}",
+            a.worst_rms
+        );
+        assert!(a.top1 >= 0.99, "{what}: top-1 agreement {:.4}", a.top1);
+    }
+}
+
+/// A Q4_K_M file's mixed Q|K|V groups are planned as two runs and `run -v`
+/// names them (one launch per weight type, no conversion).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mixed_qkv_groups_run_in_their_own_types() {
+    let m = tiny_native(WeightType::Q4KM);
+    let e = cuda(&m, "main", 256, 128, true);
+    let runs = e
+        .plan()
+        .bucket(1)
+        .expect("decode bucket")
+        .layers
+        .iter()
+        .map(|l| l.qkv.len())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(runs, 2, "no layer has a Q|K|V of two types");
+    let lines = e.describe();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("gemv.qkv: gemv ") && l.contains("WTYPE=Q6_K")),
+        "no Q6_K Q|K|V run in\n{}",
+        lines.join("\n")
+    );
+    assert!(e.conversions().is_empty(), "{:?}", e.conversions());
+}
+
+/// An F32 model under `strict`: no matmul kernel reads f32 weights, so the
+/// lossless profile refuses it, naming the matrices and the missing
+/// kernel, instead of requantizing them to Q8_0 (which `main` does, and
+/// says so).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strict_refuses_f32_matrices_and_main_names_the_conversion() {
+    let m = tiny_native(WeightType::F32);
+    let mut o = CudaOptions::new(Profile::load("strict").expect("profile"));
+    o.max_seq = 64;
+    o.ubatch = 32;
+    let err = match CudaEngine::new(&m, o) {
+        Ok(_) => panic!("strict loaded an F32 model it would requantize"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("no matmul kernel reads f32"), "{err}");
+    let e = cuda(&m, "main", 64, 32, true);
+    let notice = e.conversion_notice().expect("main names its conversions");
+    assert!(
+        notice.contains("f32") && notice.contains("lossy"),
+        "{notice}"
+    );
+}
+
+/// The cuBLAS arm on a Q4_K_M file: its prefill GEMM writes the second
+/// Q|K|V run (the Q6_K V) through the scratch buffer and a copy to its
+/// offset, so its logits stay close to the CPU engine's (bf16 operands:
+/// held to dp4a's bar, top-1 agreement and an error of a few 1e-2).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cublas_prefill_places_the_mixed_qkv_runs() {
+    let m = tiny_native(WeightType::Q4KM);
+    let a = compare_engines(&m, "cublas", 200, 128);
+    eprintln!(
+        "tiny q4_k_m cublas: worst rms_rel {:.3e}, top-1 {:.4}",
+        a.worst_rms, a.top1
+    );
+    assert!(a.worst_rms < 5e-2, "worst row rms_rel {:.3e}", a.worst_rms);
+    assert!(a.top1 >= 0.98, "top-1 agreement {:.4}", a.top1);
 }

@@ -1,8 +1,10 @@
 //! Every committed profile, with the committed tuned table, resolves every
 //! launch the CUDA forward makes to a kernel variant that compiles through
 //! NVRTC for sm_80, sm_89 and sm_90 without spills: on every synthetic
-//! model shape (tiny, e2b, e4b, 12b, 31b) in q8_0 and q4_0, at the decode
-//! row counts and the default prefill chunk. No GPU needed; NVRTC must be
+//! model shape (tiny, e2b, e4b, 12b, 31b) in q8_0, q4_0, the k-quant mixes
+//! q4_k_m, q5_k_m, q6_k, and f16 and bf16 (each matrix in the file's own
+//! type, as the engine reads it), at the decode row counts and the default
+//! prefill chunk. No GPU needed; NVRTC must be
 //! loadable (CI installs it from PyPI).
 //!
 //! Hopper-only choices (wgmma) must fall back on sm_80/sm_89 through the
@@ -49,9 +51,18 @@ fn every_profile_compiles_for_every_arch_on_every_model_shape() {
             };
             for v in models {
                 let cfg = synth::preset(v);
-                for wt in [WeightType::Q8_0, WeightType::Q4_0] {
-                    let embd = wt.embedding_type(cfg.d_model as u64);
-                    let dims = ModelDims::from_config(&cfg, wt.matrix_type(), embd, &planner);
+                for wt in [
+                    WeightType::Q8_0,
+                    WeightType::Q4_0,
+                    WeightType::Q4KM,
+                    WeightType::Q5KM,
+                    WeightType::Q6K,
+                    WeightType::F16,
+                    WeightType::Bf16,
+                ] {
+                    // The file's own tensor types (the k-quant mixes'
+                    // Q6_K attn_v/ffn_down, their BF16 PLE projection).
+                    let dims = ModelDims::of_synth(&cfg, wt, &planner);
                     let max_seq = 8192.min(cfg.context_length);
                     let sizing = Sizing {
                         max_seq,

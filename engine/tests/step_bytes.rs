@@ -40,12 +40,14 @@ fn plan(profile: &str, cfg: &Gemma4Config, wt: WeightType, kv: KvType) -> (Forwa
 
 /// Every projection of the one-row bucket reads its matrix as GGUF blocks
 /// or as planes with f16 scales: both are the GGUF bytes of the device
-/// type, which is what `expected` counts.
+/// type for Q8_0 / Q4_0, which is what `expected` counts (the head's Q6_K
+/// planes are counted as such, `Head`).
 fn assert_gguf_sized_layouts(p: &ForwardPlan) {
     let b = p.bucket(1).expect("one-row bucket");
     let mut all: Vec<&MatmulPlan> = Vec::new();
     for l in &b.layers {
-        all.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
+        all.extend(&l.qkv);
+        all.extend([&l.o, &l.gate_up, &l.down]);
         if let Some(x) = &l.ple {
             all.extend([&x.gate, &x.proj]);
         }
@@ -78,13 +80,7 @@ fn gguf_bytes(t: GgmlType, n: u64) -> u64 {
 
 /// The step at `pos` counted from the tensor list of `cfg` stored as `wt`,
 /// with the head read as `head` and the cache of `kv_elem`-byte elements.
-fn expected(
-    cfg: &Gemma4Config,
-    wt: WeightType,
-    head: GgmlType,
-    kv_elem: u64,
-    pos: usize,
-) -> StepBytes {
+fn expected(cfg: &Gemma4Config, wt: WeightType, head: Head, kv_elem: u64, pos: usize) -> StepBytes {
     let mut s = StepBytes::default();
     for t in tensor_plan(cfg).iter().filter(|t| t.used) {
         let file = tensor_type(t, wt);
@@ -103,7 +99,7 @@ fn expected(
                 // writer uses are all ones the gather kernels read as is.
                 s.rows += gguf_bytes(file, t.dims[0]);
                 if t.name == "token_embd.weight" {
-                    s.matrices += gguf_bytes(head, t.n_elements());
+                    s.matrices += t.n_elements() / 256 * head.1;
                 }
             }
             TensorRole::Vector => s.vectors += 4 * t.n_elements(),
@@ -135,13 +131,23 @@ fn expected(
     s
 }
 
-fn check(v: SynthVariant, wt: WeightType, profile: &str, kv: KvType, head: GgmlType) {
+/// The head's device type and its bytes per 256 elements in the layout the
+/// one-row bucket reads.
+type Head = (GgmlType, u64);
+/// Q8_0 planes with f16 scales: 8 blocks of 32 quants and a 2-byte scale.
+const HEAD_Q8_0: Head = (GgmlType::Q8_0, 8 * 34);
+/// Q6_K GGUF super-blocks, the embedding table's own bytes.
+const HEAD_Q6K_BLOCKS: Head = (GgmlType::Q6K, 210);
+/// The Q6_K plane repack: 128 nibble bytes and a 96-byte GEMV side record.
+const HEAD_Q6K_PLANES: Head = (GgmlType::Q6K, 128 + 96);
+
+fn check(v: SynthVariant, wt: WeightType, profile: &str, kv: KvType, head: Head) {
     let cfg = synth::preset(v);
     let (p, dims) = plan(profile, &cfg, wt, kv);
     assert_gguf_sized_layouts(&p);
     assert_eq!(
         dims.head.2,
-        head,
+        head.0,
         "{} {} {profile}: head type",
         v.name(),
         wt.name()
@@ -174,7 +180,7 @@ fn tiny_step_bytes_equal_the_tensor_list_sum() {
         WeightType::Q8_0,
         "main",
         KvType::F16,
-        GgmlType::Q8_0,
+        HEAD_Q8_0,
     );
     // Tiny rows (128) are not whole Q6_K super-blocks: its Q4_0 file keeps
     // the embedding in Q8_0, and so does the head.
@@ -183,14 +189,14 @@ fn tiny_step_bytes_equal_the_tensor_list_sum() {
         WeightType::Q4_0,
         "main",
         KvType::F16,
-        GgmlType::Q8_0,
+        HEAD_Q8_0,
     );
     check(
         SynthVariant::Tiny,
         WeightType::Q8_0,
         "strict",
         KvType::F32,
-        GgmlType::Q8_0,
+        HEAD_Q8_0,
     );
 }
 
@@ -201,23 +207,23 @@ fn e4b_step_bytes_equal_the_tensor_list_sum() {
         WeightType::Q8_0,
         "main",
         KvType::F16,
-        GgmlType::Q8_0,
+        HEAD_Q8_0,
     );
-    // Q4_0 files store the tied embedding as Q6_K: main reads the head as
-    // Q8_0 planes converted at load, q6k-head reads the table's blocks.
+    // Q4_0 files store the tied embedding as Q6_K: main reads the head
+    // from its own Q6_K plane repack, q6k-head reads the table's blocks.
     check(
         SynthVariant::E4b,
         WeightType::Q4_0,
         "main",
         KvType::F16,
-        GgmlType::Q8_0,
+        HEAD_Q6K_PLANES,
     );
     check(
         SynthVariant::E4b,
         WeightType::Q4_0,
         "q6k-head",
         KvType::F16,
-        GgmlType::Q6K,
+        HEAD_Q6K_BLOCKS,
     );
 }
 

@@ -78,6 +78,23 @@ fn synth_then_info_describes_the_tiny_model() {
         let scale: f32 = layer(i)[8].parse().unwrap();
         assert!((0.9..=1.0).contains(&scale), "layer {i} scale {scale}");
     }
+    // The CUDA engine's planned device bytes next to the file's: a Q8_0
+    // file is read as it is under both profiles.
+    for profile in ["main  ", "strict"] {
+        let line = s
+            .lines()
+            .find(|l| l.starts_with(&format!("cuda weights  {profile} (sm_90): ")))
+            .unwrap_or_else(|| panic!("no {profile} device-weights line in\n{s}"));
+        assert!(line.ends_with(", 0 lossy conversion(s)"), "{line}");
+        let bytes: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert!(
+            bytes.len() >= 2 && bytes[0] >= bytes[1] && bytes[1] > 0,
+            "{line}"
+        );
+    }
 }
 
 #[test]

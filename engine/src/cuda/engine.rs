@@ -104,6 +104,11 @@ pub struct CudaEngine<'m> {
     pub(super) cache: KernelCache,
     /// What a decode step reads apart from the cache (`step_reads`).
     pub(super) step_reads: crate::step_bytes::StepReads,
+    /// The file's bytes of the tensors the weights were uploaded from
+    /// (`ModelDims::file_bytes`), next to `weight_bytes`.
+    pub(super) file_weight_bytes: u64,
+    /// Every weight converted lossily at load (`ModelDims::converted`).
+    pub(super) conversions: Vec<String>,
 }
 
 pub(super) fn dev(e: GpuError) -> EngineError {
@@ -166,7 +171,8 @@ impl<'m> CudaEngine<'m> {
         })?;
 
         let scratch = attn_scratch_bytes(cfg, &sizing);
-        let need = weights::model_bytes(model, &plan.layouts)
+        refuse_lossy(&planner.profile, &dims)?;
+        let need = super::forward_plan::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
             + DRIVER_MARGIN;
@@ -216,6 +222,8 @@ impl<'m> CudaEngine<'m> {
             cublas,
             cache,
             step_reads,
+            file_weight_bytes: dims.file_bytes,
+            conversions: dims.converted,
         })
     }
 
@@ -232,6 +240,15 @@ impl<'m> CudaEngine<'m> {
     /// Device bytes of the weights (every layout uploaded).
     pub fn weight_bytes(&self) -> u64 {
         self.w.bytes
+    }
+    /// The file's bytes of the tensors the weights were uploaded from.
+    pub fn file_weight_bytes(&self) -> u64 {
+        self.file_weight_bytes
+    }
+    /// Lines naming every matrix converted lossily at load (empty when
+    /// every weight is read in its own type).
+    pub fn conversions(&self) -> &[String] {
+        &self.conversions
     }
     /// Device bytes of the bf16 weight copies of the cuBLAS profile.
     pub fn extra_bf16_bytes(&self) -> u64 {
@@ -299,8 +316,10 @@ impl<'m> CudaEngine<'m> {
                 self.planner.profile.source
             ),
             format!(
-                "device memory: weights {} B, KV cache {} B ({}), buffers {} B; ubatch {}, max_seq {}",
+                "device memory: weights {} B ({:.3}x the file's {} B of those tensors), KV cache {} B ({}), buffers {} B; ubatch {}, max_seq {}",
                 self.w.bytes,
+                self.w.bytes as f64 / self.file_weight_bytes.max(1) as f64,
+                self.file_weight_bytes,
                 self.kv.bytes(),
                 self.kv.kv_type.name(),
                 self.b.bytes(),
@@ -314,12 +333,68 @@ impl<'m> CudaEngine<'m> {
                 self.w.bf16_bytes
             ));
         }
-        for c in &self.w.converted {
+        for c in &self.conversions {
             v.push(format!("converted at load: {c}"));
         }
         v.extend(self.plan.describe());
         v
     }
+}
+
+/// A lossless profile (`strict`) refuses a model whose weights the engine
+/// would convert lossily at load (`ModelDims::converted`), naming them.
+pub fn refuse_lossy(profile: &Profile, dims: &ModelDims) -> Result<(), EngineError> {
+    if profile.lossless && !dims.converted.is_empty() {
+        return Err(EngineError::Device(format!(
+            "profile {} converts no weights lossily, and this model needs {} conversion(s): {}",
+            profile.name,
+            dims.converted.len(),
+            dims.converted.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+/// What a model's weights take on the device under a profile, planned
+/// without a GPU (`gemtune info`).
+#[derive(Clone, Debug)]
+pub struct WeightPlan {
+    /// Device bytes of the weights in the layouts the plan reads.
+    pub device_bytes: u64,
+    /// The file's bytes of the tensors they are uploaded from.
+    pub file_bytes: u64,
+    /// Every lossy conversion at load (`ModelDims::converted`).
+    pub converted: Vec<String>,
+}
+
+/// Plans `model` under `profile` on `arch` (with the committed tuned table
+/// for it, the default cache and chunk sizes) and returns what its weights
+/// take on the device.
+pub fn weight_plan(
+    model: &Model,
+    profile: Profile,
+    arch: gemtune_kernels::compile::Arch,
+) -> Result<WeightPlan, EngineError> {
+    let cfg = model.config();
+    let tuned = tuned_table(None, &arch.to_string())?;
+    let planner = Planner::new(
+        profile,
+        tuned,
+        gemtune_kernels::family::DeviceLimits::for_arch(arch),
+    );
+    let dims = ModelDims::of_model(model, &planner);
+    let max_seq = 4096.min(cfg.context_length.max(1));
+    let sizing = Sizing {
+        max_seq,
+        ubatch: DEFAULT_UBATCH.min(max_seq),
+        kv_type: KvType::F16,
+    };
+    let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
+    Ok(WeightPlan {
+        device_bytes: super::forward_plan::model_bytes(&dims, &plan.layouts),
+        file_bytes: dims.file_bytes,
+        converted: dims.converted,
+    })
 }
 
 /// Refuses configs the kernels cannot run, before touching the GPU.

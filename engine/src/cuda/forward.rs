@@ -388,4 +388,15 @@ impl Engine for CudaEngine<'_> {
     fn step_reads(&self) -> Option<StepReads> {
         Some(self.step_reads)
     }
+    fn conversion_notice(&self) -> Option<String> {
+        let c = self.conversions();
+        (!c.is_empty()).then(|| {
+            format!(
+                "converted lossily at load ({} of the model's weights; profile {}): {}",
+                c.len(),
+                self.planner.profile.name,
+                c.join("; ")
+            )
+        })
+    }
 }

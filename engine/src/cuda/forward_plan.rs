@@ -30,7 +30,7 @@ use std::collections::{BTreeSet, HashMap};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, WeightLayout};
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::defines::{canonical, DefineValue};
-use gemtune_kernels::family::{AttnProblem, KvType, LaunchGeometry, Problem, RowsProblem};
+use gemtune_kernels::family::{AttnProblem, KvType, LaunchGeometry, Problem, RowsProblem, WType};
 use gemtune_kernels::gpu::{Gpu, GpuError};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::runtime::{Kernel, KernelCache};
@@ -73,106 +73,247 @@ pub struct ModelDims {
     pub embd_type: GgmlType,
     pub ple_type: Option<GgmlType>,
     pub vocab: usize,
+    /// Device bytes of the embedding tables (token and PLE) as uploaded.
+    pub table_bytes: u64,
+    /// The file's bytes of every tensor the weights upload reads (the
+    /// projection matrices and the embedding tables; norms apart).
+    pub file_bytes: u64,
+    /// One line per matrix or table converted lossily at load
+    /// (`weights::conversion`).
+    pub converted: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
 pub struct LayerDims {
-    pub qkv: MatDim,
+    /// The Q|K|V runs (`weights::fused_runs`): one unless the parts' types
+    /// differ.
+    pub qkv: Vec<MatDim>,
     pub o: MatDim,
     pub gate_up: MatDim,
     pub down: MatDim,
     pub ple: Option<(MatDim, MatDim)>,
 }
 
+/// Builds the shapes from tensor names, their file types and `[n][k]`
+/// shapes, recording the file's bytes and every conversion.
+struct DimsBuilder<'a> {
+    ty: &'a dyn Fn(&str) -> GgmlType,
+    file_bytes: u64,
+    converted: Vec<String>,
+}
+
+impl DimsBuilder<'_> {
+    /// One projection fused from `parts` (name, rows), all of width `k`.
+    fn matrix(&mut self, fused: &str, parts: &[(String, usize)], k: usize) -> MatDim {
+        let types: Vec<GgmlType> = parts.iter().map(|(n, _)| (self.ty)(n)).collect();
+        for ((_, rows), &t) in parts.iter().zip(&types) {
+            self.file_bytes += weights::gguf_bytes(t, *rows, k);
+        }
+        let wt = weights::device_type(&types);
+        if let Some(c) = weights::conversion(&types, wt) {
+            self.converted.push(format!("{fused} {c}"));
+        }
+        (parts.iter().map(|p| p.1).sum(), k, wt.ggml())
+    }
+    /// An embedding table `[rows][k]`: its device type and bytes.
+    fn table(&mut self, name: &str, rows: usize, k: usize) -> (GgmlType, u64) {
+        let t = (self.ty)(name);
+        self.file_bytes += weights::gguf_bytes(t, rows, k);
+        let dev = weights::table_type(t);
+        if dev != t {
+            self.converted.push(format!(
+                "{name} ({}) -> {} table, lossy: the embed kernels read {}",
+                t.name(),
+                dev.name(),
+                weights::EMBED_TYPES
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        (dev, weights::gguf_bytes(dev, rows, k))
+    }
+}
+
 impl ModelDims {
     /// Shapes of a model whose projection matrices are stored as `matrix`
-    /// and whose embedding tables as `embd` (the synthetic files' layout),
-    /// after the engine's load-time conversions under `planner`'s profile
-    /// (which decides whether the tied head reads Q6_K as it is).
+    /// and whose embedding tables as `embd` (the uniform synthetic files),
+    /// after the engine's load-time conversions under `planner`'s profile.
     pub fn from_config(
         cfg: &Gemma4Config,
         matrix: GgmlType,
         embd: GgmlType,
         planner: &Planner,
     ) -> ModelDims {
-        let dev = weights::device_type(&[matrix]).ggml();
-        let d = cfg.d_model;
-        let p = cfg.ple_dim;
-        let layers = cfg
-            .layers
-            .iter()
-            .map(|l| {
-                let kv = match (l.owns_kv(), l.k_eq_v) {
-                    (false, _) => 0,
-                    (true, true) => l.kv_dim(),
-                    (true, false) => 2 * l.kv_dim(),
-                };
-                LayerDims {
-                    qkv: (l.q_dim() + kv, d, dev),
-                    o: (d, l.q_dim(), dev),
-                    gate_up: (2 * l.ffn_dim, d, dev),
-                    down: (d, l.ffn_dim, dev),
-                    ple: (p > 0).then_some(((p, d, dev), (d, p, dev))),
-                }
-            })
-            .collect();
-        ModelDims {
-            layers,
-            head: (
-                cfg.vocab_size,
-                d,
-                head_type(planner, embd, cfg.vocab_size, d),
-            ),
-            ple_model_proj: (p > 0).then_some((cfg.n_layers * p, d, dev)),
-            embd_type: weights::table_type(embd),
-            ple_type: (p > 0).then_some(weights::table_type(embd)),
-            vocab: cfg.vocab_size,
-        }
+        let ty = |name: &str| {
+            if name.ends_with("token_embd.weight") {
+                embd
+            } else {
+                matrix
+            }
+        };
+        ModelDims::of_tensors(cfg, &ty, planner)
+    }
+
+    /// Shapes of the synthetic file `w` of `cfg` (`synth::mix`: the k-quant
+    /// mixes put Q6_K on some attn_v and ffn_down tensors).
+    pub fn of_synth(
+        cfg: &Gemma4Config,
+        w: crate::synth::WeightType,
+        planner: &Planner,
+    ) -> ModelDims {
+        let plan = crate::plan::tensor_plan(cfg);
+        let types = crate::synth::mix::tensor_types(&plan, cfg.n_layers, w);
+        let by_name: HashMap<String, GgmlType> =
+            plan.into_iter().map(|s| s.name).zip(types).collect();
+        let ty = |name: &str| by_name.get(name).copied().unwrap_or(GgmlType::F32);
+        ModelDims::of_tensors(cfg, &ty, planner)
     }
 
     /// Shapes of a loaded model's tensors, as the engine will upload them.
     pub fn of_model(model: &Model, planner: &Planner) -> ModelDims {
-        let cfg = model.config();
         let w = model.weights();
-        let dim = |parts: &[&MatRef]| -> MatDim {
-            let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
-            (
-                parts.iter().map(|p| p.n_out).sum(),
-                parts[0].n_in,
-                weights::device_type(&types).ggml(),
-            )
+        let mut mats: Vec<&MatRef> = vec![&w.token_embd];
+        if let Some(p) = &w.ple {
+            mats.extend([&p.token_embd, &p.model_proj]);
+        }
+        for lw in &w.layers {
+            mats.extend(weights::qkv_parts(lw));
+            mats.extend([&lw.attn_output, &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down]);
+            if let Some(p) = &lw.ple {
+                mats.extend([&p.inp_gate, &p.proj]);
+            }
+        }
+        let by_name: HashMap<&str, GgmlType> =
+            mats.iter().map(|m| (m.name.as_str(), m.ty)).collect();
+        let ty = |name: &str| by_name.get(name).copied().unwrap_or(GgmlType::F32);
+        ModelDims::of_tensors(model.config(), &ty, planner)
+    }
+
+    /// Shapes of a model of `cfg` whose tensor `name` has file type
+    /// `ty(name)` (GGUF names, `plan::tensor_plan`).
+    pub fn of_tensors(
+        cfg: &Gemma4Config,
+        ty: &dyn Fn(&str) -> GgmlType,
+        planner: &Planner,
+    ) -> ModelDims {
+        let d = cfg.d_model;
+        let p = cfg.ple_dim;
+        let mut b = DimsBuilder {
+            ty,
+            file_bytes: 0,
+            converted: Vec::new(),
         };
-        let layers = w
+        let name = |l: usize, s: &str| crate::plan::layer_tensor_name(l, s);
+        let layers = cfg
             .layers
             .iter()
-            .map(|lw| LayerDims {
-                qkv: dim(&weights::qkv_parts(lw)),
-                o: dim(&[&lw.attn_output]),
-                gate_up: dim(&[&lw.ffn_gate, &lw.ffn_up]),
-                down: dim(&[&lw.ffn_down]),
-                ple: lw
-                    .ple
-                    .as_ref()
-                    .map(|p| (dim(&[&p.inp_gate]), dim(&[&p.proj]))),
+            .map(|l| {
+                let i = l.index;
+                let mut qkv = vec![(name(i, "attn_q"), l.q_dim())];
+                if l.owns_kv() {
+                    qkv.push((name(i, "attn_k"), l.kv_dim()));
+                    if !l.k_eq_v {
+                        qkv.push((name(i, "attn_v"), l.kv_dim()));
+                    }
+                }
+                let types: Vec<GgmlType> = qkv.iter().map(|(n, _)| ty(n)).collect();
+                let runs = weights::fused_runs(&types);
+                LayerDims {
+                    qkv: runs
+                        .iter()
+                        .enumerate()
+                        .map(|(j, r)| {
+                            b.matrix(&weights::qkv_run_name(i, j, runs.len()), &qkv[r.clone()], d)
+                        })
+                        .collect(),
+                    o: b.matrix(
+                        &name(i, "attn_output"),
+                        &[(name(i, "attn_output"), d)],
+                        l.q_dim(),
+                    ),
+                    gate_up: b.matrix(
+                        &format!("blk.{i}.ffn_gate_up"),
+                        &[
+                            (name(i, "ffn_gate"), l.ffn_dim),
+                            (name(i, "ffn_up"), l.ffn_dim),
+                        ],
+                        d,
+                    ),
+                    down: b.matrix(&name(i, "ffn_down"), &[(name(i, "ffn_down"), d)], l.ffn_dim),
+                    ple: (p > 0).then(|| {
+                        (
+                            b.matrix(&name(i, "inp_gate"), &[(name(i, "inp_gate"), p)], d),
+                            b.matrix(&name(i, "proj"), &[(name(i, "proj"), d)], p),
+                        )
+                    }),
+                }
             })
             .collect();
-        let t = &w.token_embd;
+        let (embd_type, mut table_bytes) = b.table("token_embd.weight", cfg.vocab_size, d);
+        let embd_file = ty("token_embd.weight");
+        let head_t = head_type(planner, embd_file, cfg.vocab_size, d);
+        if let Some(c) = weights::conversion(&[embd_file], WType::of(head_t).unwrap_or(WType::Q8_0))
+        {
+            b.converted.push(format!("token_embd (head) {c}"));
+        }
+        let (ple_model_proj, ple_type) = if p > 0 {
+            let row = cfg.n_layers * p;
+            let mp = "per_layer_model_proj.weight".to_string();
+            let proj = b.matrix(&mp, &[(mp.clone(), row)], d);
+            let (t, bytes) = b.table("per_layer_token_embd.weight", cfg.vocab_size, row);
+            table_bytes += bytes;
+            (Some(proj), Some(t))
+        } else {
+            (None, None)
+        };
         ModelDims {
             layers,
-            head: (t.n_out, t.n_in, head_type(planner, t.ty, t.n_out, t.n_in)),
-            ple_model_proj: w.ple.as_ref().map(|p| dim(&[&p.model_proj])),
-            embd_type: weights::table_type(t.ty),
-            ple_type: w.ple.as_ref().map(|p| weights::table_type(p.token_embd.ty)),
+            head: (cfg.vocab_size, d, head_t),
+            ple_model_proj,
+            embd_type,
+            ple_type,
             vocab: cfg.vocab_size,
+            table_bytes,
+            file_bytes: b.file_bytes,
+            converted: b.converted,
         }
     }
+}
+
+/// Device bytes of a model's weights in `lay`, from its shapes and device
+/// types (the fit check before any allocation; `upload` allocates exactly
+/// these): every projection in its layouts, the embedding tables as the
+/// kernels read them, and the tied head unless it shares the table.
+pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
+    let mat = |m: &MatDim, p: Proj| {
+        let wt = WType::of(m.2).unwrap_or(WType::Q8_0);
+        weights::planned_bytes(wt, m.0, m.1, lay.get(p))
+    };
+    let mut b = 0u64;
+    for l in &dims.layers {
+        b += l.qkv.iter().map(|m| mat(m, Proj::Qkv)).sum::<u64>() + mat(&l.o, Proj::O);
+        b += mat(&l.gate_up, Proj::GateUp) + mat(&l.down, Proj::Down);
+        if let Some((g, p)) = &l.ple {
+            b += mat(g, Proj::Ple) + mat(p, Proj::Ple);
+        }
+    }
+    b += dims.table_bytes;
+    if !lay.head_native {
+        b += mat(&dims.head, Proj::Head);
+    }
+    if let Some(mp) = &dims.ple_model_proj {
+        b += mat(mp, Proj::Ple);
+    }
+    b
 }
 
 /// The weight type the tied head (`token_embd`, `n` x `k`, stored as
 /// `embd`) is read as: Q6_K as it is in the file when `gemv.head` resolves,
 /// at every row count the head runs (1..=GEMV_MAX_ROWS), to a variant that
-/// reads Q6_K GGUF blocks; otherwise the load-time device type (Q8_0 or
-/// Q4_0), converted.
+/// reads Q6_K GGUF blocks; otherwise the load-time device type
+/// (`weights::device_type`: the file's type when a matmul kernel reads it).
 pub fn head_type(planner: &Planner, embd: GgmlType, n: usize, k: usize) -> GgmlType {
     let converted = weights::device_type(&[embd]).ggml();
     let slot = Slot::Gemv(Proj::Head);
@@ -370,7 +511,9 @@ pub struct LayerPlan {
     /// and the first after the rows were compacted (otherwise the previous
     /// layer's end writes it).
     pub input_norm: LaunchId,
-    pub qkv: MatmulPlan,
+    /// One projection per Q|K|V run (`LayerDims::qkv`), all reading the
+    /// input norm's one format.
+    pub qkv: Vec<MatmulPlan>,
     pub qk_norm_rope: LaunchId,
     pub attention: AttnPlan,
     pub o: MatmulPlan,
@@ -389,6 +532,13 @@ pub struct LayerPlan {
     /// The same without the next norm (the last layer, or before the rows
     /// are compacted).
     pub end: LaunchId,
+}
+
+impl LayerPlan {
+    /// The format every Q|K|V run reads (the input norm writes it).
+    pub fn qkv_input(&self) -> ActFormat {
+        self.qkv.first().map_or(ActFormat::F32, |m| m.input)
+    }
 }
 
 /// The per-layer inputs of E2B/E4B.
@@ -430,6 +580,23 @@ fn add_layouts(lay: &mut ProjLayouts, m: &MatmulPlan) {
     for b in m.bindings() {
         l.add(b.layout);
     }
+}
+
+/// Whether the tied head can read the embedding table's device copy (its
+/// GGUF bytes) instead of a copy of its own: the head reads the table's
+/// type in the file's bytes, which is GGUF blocks in any type, and any
+/// kernel layout of F16/BF16 (their values are read as stored).
+fn head_shares_table(dims: &ModelDims, head: weights::Layouts) -> bool {
+    let Some(wt) = WType::of(dims.head.2) else {
+        return false;
+    };
+    let as_stored = weights::Layouts {
+        blocks: true,
+        ..Default::default()
+    };
+    dims.head.2 == dims.embd_type
+        && !head.bf16
+        && (head == as_stored || (wt.is_16bit() && head != weights::Layouts::default()))
 }
 
 /// The whole forward pass, resolved.
@@ -766,11 +933,30 @@ impl Builder<'_> {
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for (l, ld) in dims.layers.iter().enumerate() {
-            let qkv = self.matmul(Proj::Qkv, ld.qkv, r, false)?;
+            let qkv = ld
+                .qkv
+                .iter()
+                .map(|&m| self.matmul(Proj::Qkv, m, r, false))
+                .collect::<Result<Vec<_>, _>>()?;
+            let qkv_input = match qkv.split_first() {
+                Some((first, rest)) if rest.iter().all(|m| m.input == first.input) => first.input,
+                Some((first, _)) => {
+                    return Err(PlanError::slot(
+                        first.slot,
+                        "the Q|K|V runs of different weight types read different activation formats (one input norm writes them)",
+                    ))
+                }
+                None => {
+                    return Err(PlanError::slot(
+                        Slot::matmul(Proj::Qkv, r),
+                        format!("layer {l} has no Q projection"),
+                    ))
+                }
+            };
             let input_norm = self.push(
                 Slot::RmsNorm,
                 rows_problem(r, d),
-                norm_bound(qkv.input, false, true),
+                norm_bound(qkv_input, false, true),
                 GridRule::Rows,
             )?;
             let o_fmt = self.input_format(Proj::O, ld.o, r)?;
@@ -832,7 +1018,10 @@ impl Builder<'_> {
             };
             let end_with_next_norm = match dims.layers.get(l + 1) {
                 Some(next) => {
-                    let f = self.input_format(Proj::Qkv, next.qkv, r)?;
+                    let f = match next.qkv.first() {
+                        Some(&m) => self.input_format(Proj::Qkv, m, r)?,
+                        None => ActFormat::F32,
+                    };
                     Some(self.push(
                         Slot::RmsNorm,
                         rows_problem(r, d),
@@ -919,7 +1108,6 @@ impl ForwardPlan {
             buckets.push(b.bucket(dims, r)?);
         }
         let mut layouts = ProjLayouts::default();
-        layouts.head_native = dims.head.2 == GgmlType::Q6K;
         let mut uses_vendor = false;
         for bk in &buckets {
             let mut each = |m: &MatmulPlan| {
@@ -930,7 +1118,9 @@ impl ForwardPlan {
                 each(&p.model_proj);
             }
             for l in &bk.layers {
-                each(&l.qkv);
+                for m in &l.qkv {
+                    each(m);
+                }
                 each(&l.o);
                 each(&l.gate_up);
                 each(&l.down);
@@ -943,6 +1133,7 @@ impl ForwardPlan {
                 each(&h.matmul);
             }
         }
+        layouts.head_native = head_shares_table(dims, layouts.get(Proj::Head));
         Ok(ForwardPlan {
             sizing,
             limits: planner.limits.clone(),
@@ -1174,6 +1365,155 @@ mod tests {
                     "{}: {a:?} at 2048 rows, {z:?} at 100",
                     l.slot
                 );
+            }
+        }
+    }
+
+    /// Synthetic E4B and 12B files in the k-quant mixes and the 16-bit
+    /// types plan under `main` and `strict` with every projection read in
+    /// its file type and nothing converted: a Q|K|V whose parts' types
+    /// differ (the mixes' Q6_K `attn_v` beside Q4_K/Q5_K Q and K) is planned
+    /// as one launch per run of one type. The device bytes follow the
+    /// layouts each profile reads.
+    #[test]
+    fn kquant_and_16bit_files_plan_their_own_types() {
+        use crate::synth::mix;
+        for v in [SynthVariant::E4b, SynthVariant::B12] {
+            let cfg = synth::preset(v);
+            let specs = crate::plan::tensor_plan(&cfg);
+            for w in [
+                WeightType::Q4KM,
+                WeightType::Q5KM,
+                WeightType::Q6K,
+                WeightType::F16,
+                WeightType::Bf16,
+            ] {
+                let types = mix::tensor_types(&specs, cfg.n_layers, w);
+                let ty: HashMap<&str, GgmlType> = specs
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .zip(types.iter().copied())
+                    .collect();
+                for profile in ["main", "strict"] {
+                    let what = format!("{} {} {profile}", v.name(), w.name());
+                    let planner = Planner::new(
+                        Profile::load(profile).expect("profile"),
+                        None,
+                        DeviceLimits::for_arch(Arch(90)),
+                    );
+                    let dims = ModelDims::of_synth(&cfg, w, &planner);
+                    let sizing = Sizing {
+                        max_seq: 4096,
+                        ubatch: 512,
+                        kv_type: KvType::F16,
+                    };
+                    let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let name = |l: usize, s: &str| crate::plan::layer_tensor_name(l, s);
+                    let mut mixed = 0;
+                    for (l, ld) in dims.layers.iter().enumerate() {
+                        for (dim, part) in [
+                            (ld.o, "attn_output"),
+                            (ld.gate_up, "ffn_gate"),
+                            (ld.gate_up, "ffn_up"),
+                            (ld.down, "ffn_down"),
+                        ] {
+                            assert_eq!(dim.2, ty[name(l, part).as_str()], "{what} {l} {part}");
+                        }
+                        let qkv: Vec<GgmlType> = ["attn_q", "attn_k", "attn_v"]
+                            .iter()
+                            .filter(|p| cfg.layers[l].owns_kv() || **p == "attn_q")
+                            .filter_map(|p| ty.get(name(l, p).as_str()).copied())
+                            .collect();
+                        // One run per change of type along Q, K, V, each
+                        // in its parts' own type.
+                        let mut want: Vec<GgmlType> = qkv.clone();
+                        want.dedup();
+                        let got: Vec<GgmlType> = ld.qkv.iter().map(|m| m.2).collect();
+                        assert_eq!(got, want, "{what} {l} qkv runs");
+                        mixed += (want.len() > 1) as usize;
+                        let n: usize = ld.qkv.iter().map(|m| m.0).sum();
+                        let b = &plan.buckets[0].layers[l];
+                        assert_eq!(b.qkv.len(), ld.qkv.len(), "{what} {l}");
+                        assert!(b.qkv.iter().all(|m| m.input == b.qkv_input()));
+                        let lc = &cfg.layers[l];
+                        let kv = match (lc.owns_kv(), lc.k_eq_v) {
+                            (false, _) => 0,
+                            (true, true) => lc.kv_dim(),
+                            (true, false) => 2 * lc.kv_dim(),
+                        };
+                        assert_eq!(n, lc.q_dim() + kv, "{what} {l} qkv width");
+                    }
+                    assert!(dims.converted.is_empty(), "{what}: {:?}", dims.converted);
+                    let mixes = matches!(w, WeightType::Q4KM | WeightType::Q5KM);
+                    assert_eq!(mixed > 0, mixes, "{what}: {mixed} mixed Q|K|V groups");
+                    if let Some(mp) = dims.ple_model_proj {
+                        assert_eq!(mp.2, ty["per_layer_model_proj.weight"], "{what}");
+                    }
+                    // The bytes: exactly the sum of each matrix in the
+                    // layouts the plan reads, and for the uniform files
+                    // under strict (one layout, the GEMV's, and the head
+                    // on the table) the file's bytes, Q6_K's record
+                    // padding apart.
+                    let bytes = model_bytes(&dims, &plan.layouts);
+                    let ratio = bytes as f64 / dims.file_bytes as f64;
+                    eprintln!(
+                        "{what}: weights {bytes} B on the device, {} B in the file ({ratio:.4}x), {} converted",
+                        dims.file_bytes,
+                        dims.converted.len()
+                    );
+                    if profile == "strict" && !mixes {
+                        assert!(
+                            plan.layouts.head_native,
+                            "{what}: the head has its own copy"
+                        );
+                        let bound = if w == WeightType::Q6K {
+                            224.0 / 210.0
+                        } else {
+                            1.0
+                        };
+                        assert!(ratio <= bound + 1e-9, "{what}: {ratio:.4}x the file");
+                    }
+                    assert!(ratio < 2.0, "{what}: {ratio:.4}x the file");
+                }
+            }
+        }
+    }
+
+    /// `strict` refuses what it would convert lossily (F32 projections:
+    /// no matmul kernel reads them; the mixes' mixed Q|K|V groups), naming
+    /// the matrices and why; `main` loads them and lists the conversions;
+    /// the uniform native files pass both.
+    #[test]
+    fn lossless_profiles_refuse_lossy_conversions() {
+        use crate::cuda::engine::refuse_lossy;
+        let cfg = synth::preset(SynthVariant::Tiny);
+        for (w, refused) in [
+            (WeightType::F32, "no matmul kernel reads f32"),
+            (WeightType::Q8_0, ""),
+            (WeightType::F16, ""),
+            (WeightType::Bf16, ""),
+        ] {
+            for profile in ["main", "strict"] {
+                let p = Profile::load(profile).expect("profile");
+                let planner = Planner::new(p.clone(), None, DeviceLimits::for_arch(Arch(90)));
+                let dims = ModelDims::of_synth(&cfg, w, &planner);
+                let r = refuse_lossy(&p, &dims);
+                match (refused, profile) {
+                    ("", _) | (_, "main") => {
+                        assert!(r.is_ok(), "{} {profile}: {r:?}", w.name());
+                        assert_eq!(
+                            dims.converted.is_empty(),
+                            refused.is_empty(),
+                            "{}",
+                            w.name()
+                        );
+                    }
+                    (why, _) => {
+                        let e = r.expect_err("refused").to_string();
+                        assert!(e.contains(why) && e.contains("attn_qkv"), "{e}");
+                    }
+                }
             }
         }
     }

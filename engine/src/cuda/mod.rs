@@ -34,7 +34,7 @@ mod stages;
 pub mod step_reads;
 mod weights;
 
-pub use engine::{CudaEngine, CudaOptions, BUILTIN_TUNED, DEFAULT_UBATCH};
+pub use engine::{weight_plan, CudaEngine, CudaOptions, WeightPlan, BUILTIN_TUNED, DEFAULT_UBATCH};
 pub use kv_cache::cache_bytes;
 pub use planner::{Decision, PlanError, Planner};
 pub use slots::PHASES;

@@ -109,12 +109,44 @@ impl CudaEngine<'_> {
         y: &DeviceBuffer,
         rows: usize,
     ) -> Result<(), EngineError> {
+        self.matmul_into(k, m, w, x, (y, 0), rows)
+    }
+
+    /// `matmul` writing `[rows][w.n]` at byte `y_off` of `y`.
+    fn matmul_into(
+        &self,
+        k: &[Kernel],
+        m: &MatmulPlan,
+        w: &GpuMatrix,
+        x: &Act,
+        (y, y_off): (&DeviceBuffer, usize),
+        rows: usize,
+    ) -> Result<(), EngineError> {
         let phase = m.proj.phase();
         match &m.exec {
-            MatmulExec::Vendor { convert } => self.vendor_matmul(k, *convert, phase, w, x, y, rows),
+            MatmulExec::Vendor { convert } if y_off == 0 => {
+                self.vendor_matmul(k, *convert, phase, w, x, y, rows)
+            }
+            MatmulExec::Vendor { convert } => {
+                // cuBLAS writes whole buffers: the block goes through the
+                // residual branch buffer `y`, free while Q|K|V is computed
+                // (the layer's output projection writes it next).
+                let scratch = &self.b.y;
+                let bytes = 4 * rows * w.n;
+                if bytes > scratch.bytes() {
+                    return Err(EngineError::Device(format!(
+                        "{} (cuBLAS): {bytes} bytes do not fit the scratch buffer",
+                        w.name
+                    )));
+                }
+                self.vendor_matmul(k, *convert, phase, w, x, scratch, rows)?;
+                self.gpu
+                    .copy_range(y, y_off, scratch, 0, bytes)
+                    .map_err(dev)
+            }
             MatmulExec::Kernel { launch, binding } => {
                 self.mark(phase)?;
-                self.matmul_launch(k, *launch, binding, w, x, (y, 0), rows)
+                self.matmul_launch(k, *launch, binding, w, x, (y, y_off), rows)
             }
             MatmulExec::RowBlocks { blocks } => {
                 self.mark(phase)?;
@@ -131,7 +163,7 @@ impl CudaEngine<'_> {
                             x.scales + (x.format.scale_bytes(r0, w.k)) as u64
                         },
                     };
-                    let ys = (y, 4 * r0 * (w.n / b.matrices));
+                    let ys = (y, y_off + 4 * r0 * (w.n / b.matrices));
                     self.matmul_launch(k, *id, b, w, &xs, ys, mc)?;
                     r0 += mc;
                 }
@@ -317,7 +349,7 @@ impl CudaEngine<'_> {
         rows: Rows,
     ) -> Result<(), EngineError> {
         let lw = &self.w.layers[l];
-        let out = self.input_in_act(&lp.qkv);
+        let out = self.act(lp.qkv_input());
         self.rmsnorm(
             k,
             lp.input_norm,
@@ -343,31 +375,52 @@ impl CudaEngine<'_> {
         let lc = &cfg.layers[l];
         let r = rows.n;
         let lw = &self.w.layers[l];
-        let x_in = self.input_in_act(&lp.qkv);
-        self.matmul(k, &lp.qkv, &lw.qkv, &x_in, &self.b.qkv, r)?;
-
-        let total = lw.qkv.n;
-        let (qd, kvd) = (lc.q_dim(), lc.kv_dim());
+        let x_in = self.act(lp.qkv_input());
+        // Each Q|K|V run writes its `[r][n_run]` block of the buffer, one
+        // after the other; a part is read at its column within its run,
+        // with the run's width as the row stride.
         let base = self.b.qkv.ptr();
+        let mut runs = Vec::with_capacity(lw.qkv.len());
+        let mut off = 0usize;
+        for (m, w) in lp.qkv.iter().zip(&lw.qkv) {
+            self.matmul_into(k, m, w, &x_in, (&self.b.qkv, off), r)?;
+            runs.push((base + off as u64, w.n));
+            off += 4 * r * w.n;
+        }
+        let (qd, kvd) = (lc.q_dim(), lc.kv_dim());
         let cache = self
             .kv
             .for_layer(l)
             .ok_or_else(|| EngineError::Device(format!("layer {l}: no KV cache to read")))?;
         let owns = self.kv.owns(l);
-        let k_in = if owns { base + 4 * qd as u64 } else { NULL };
-        let v_in = match (owns, lc.k_eq_v) {
-            (false, _) => NULL,
-            (true, true) => k_in,
-            (true, false) => base + 4 * (qd + kvd) as u64,
+        let mut widths = vec![qd];
+        if owns {
+            widths.push(kvd);
+            if !lc.k_eq_v {
+                widths.push(kvd);
+            }
+        }
+        let parts = parts_in_runs(&runs, &widths).ok_or_else(|| {
+            EngineError::Device(format!(
+                "layer {l}: the Q|K|V runs ({:?} wide) do not hold parts {widths:?}",
+                runs.iter().map(|r| r.1).collect::<Vec<_>>()
+            ))
+        })?;
+        let (q_in, q_stride) = parts[0];
+        let (k_in, k_stride) = if owns { parts[1] } else { (NULL, 0) };
+        let (v_in, v_stride) = match (owns, lc.k_eq_v) {
+            (false, _) => (NULL, 0),
+            (true, true) => (k_in, k_stride),
+            (true, false) => parts[2],
         };
         let pos0_dev = self.b.pos.ptr() + 4 * rows.pos_slot as u64;
         let a = brows::QkNormRopeArgs {
-            q_in: base,
-            q_stride: total,
+            q_in,
+            q_stride,
             k_in,
-            k_stride: total,
+            k_stride,
             v_in,
-            v_stride: total,
+            v_stride,
             q_norm: lw.q_norm.ptr(),
             k_norm: lw.k_norm.as_ref().map(|b| b.ptr()).unwrap_or(NULL),
             inv_freq: self.w.rope(lc.kind).ptr(),
@@ -548,7 +601,7 @@ impl CudaEngine<'_> {
                 id,
                 Some((
                     self.w.layers[l + 1].attn_norm.ptr(),
-                    self.input_in_act(&nl.qkv),
+                    self.act(nl.qkv_input()),
                 )),
             ),
             _ => (lp.end, None),
@@ -620,5 +673,46 @@ impl CudaEngine<'_> {
                 .map_err(dev)?;
         }
         Ok(())
+    }
+}
+
+/// The address and row stride (in elements) of each part of a fused matrix
+/// whose runs `(address, width)` hold parts of `widths` columns in order;
+/// `None` when a part would straddle two runs or the widths do not add up.
+fn parts_in_runs(runs: &[(DevPtr, usize)], widths: &[usize]) -> Option<Vec<(DevPtr, usize)>> {
+    let mut out = Vec::with_capacity(widths.len());
+    let mut w = widths.iter();
+    for &(ptr, n) in runs {
+        let mut col = 0;
+        while col < n {
+            let &part = w.next()?;
+            if col + part > n {
+                return None;
+            }
+            out.push((ptr + 4 * col as u64, n));
+            col += part;
+        }
+    }
+    (w.next().is_none() && out.len() == widths.len()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parts_in_runs;
+
+    #[test]
+    fn parts_are_read_from_their_runs() {
+        // Q | K in one run of 1536 columns, V alone in the next.
+        let runs = [(1000, 1536), (50_000, 512)];
+        assert_eq!(
+            parts_in_runs(&runs, &[1024, 512, 512]),
+            Some(vec![(1000, 1536), (1000 + 4 * 1024, 1536), (50_000, 512)])
+        );
+        assert_eq!(
+            parts_in_runs(&[(0, 2048)], &[1024, 512, 512]),
+            Some(vec![(0, 2048), (4096, 2048), (6144, 2048)])
+        );
+        assert_eq!(parts_in_runs(&runs, &[1024, 1024]), None);
+        assert_eq!(parts_in_runs(&runs, &[1024, 512]), None);
     }
 }

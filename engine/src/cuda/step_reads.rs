@@ -6,27 +6,25 @@
 //! gather kernels read, and the cache element of the plan's KV type.
 //! Resolved without a GPU, like the plan.
 
-use gemtune_kernels::bind::matmul::{ScaleType, WeightLayout};
+use gemtune_kernels::bind::matmul::WeightLayout;
+use gemtune_kernels::family::WType;
 
 use super::forward_plan::{ForwardPlan, MatDim, MatmulExec, MatmulPlan, ModelDims};
+use super::weights::{planned_bytes, Layouts};
 use crate::config::Gemma4Config;
 use crate::step_bytes::{vector_bytes, StepReads};
 
-/// Bytes of an `[n][k]` matrix of device type `t` in `layout`. Planes hold
-/// the blocks' quants (a block without its f16 scale) and one scale per
-/// 32-element block; only Q8_0 and Q4_0 have planes.
+/// Bytes of an `[n][k]` matrix of device type `t` in `layout`: both of its
+/// device buffers (`MatmulBinding::row_strides`: GGUF blocks; a quant
+/// plane and f16/f32 scales for Q8_0/Q4_0; the nibble plane and GEMV side
+/// records or GEMM side words for the k-quants; F16/BF16 values as stored).
 pub fn layout_bytes((n, k, t): MatDim, layout: WeightLayout) -> u64 {
-    let blocks = (n * k / t.block_size()) as u64;
-    match layout {
-        WeightLayout::GgufBlocks => blocks * t.type_size() as u64,
-        WeightLayout::Planes { scales } => {
-            let scale = match scales {
-                ScaleType::F16 => 2,
-                ScaleType::F32 => 4,
-            };
-            blocks * (t.type_size() as u64 - 2 + scale)
-        }
-    }
+    let Some(wt) = WType::of(t) else {
+        return (n * k / t.block_size() * t.type_size()) as u64;
+    };
+    let mut l = Layouts::default();
+    l.add(layout);
+    planned_bytes(wt, n, k, l)
 }
 
 /// Bytes projection `m` reads at one row: its matrix once, in the layout
@@ -51,7 +49,8 @@ pub fn of_plan(plan: &ForwardPlan, cfg: &Gemma4Config, dims: &ModelDims) -> Opti
         matrices += matmul_bytes(&p.model_proj);
     }
     for l in &b.layers {
-        matrices += [&l.qkv, &l.o, &l.gate_up, &l.down]
+        matrices += l.qkv.iter().map(matmul_bytes).sum::<u64>();
+        matrices += [&l.o, &l.gate_up, &l.down]
             .into_iter()
             .map(matmul_bytes)
             .sum::<u64>();

@@ -1,31 +1,42 @@
-//! Weights on the device, uploaded once and repacked into the layouts the
-//! chosen kernels read (`bind::matmul::WeightLayout`).
+//! Weights on the device, uploaded once in the layouts the chosen kernels
+//! read (`bind::matmul::WeightLayout`, built by
+//! `MatmulBinding::device_weights`).
 //!
-//! - Projection matrices become a quant plane plus scale planes: f16 scales
-//!   for the GEMV, f32 scales for the prefill GEMMs (only the layouts some
-//!   slot reads are built; the quant plane is shared). Matrices that one
-//!   kernel reads together are concatenated along the output features: Q,
-//!   K and V of a layer (`qkv`), gate and up (`gate_up`), when their types
-//!   agree.
-//! - The matmul kernels implement Q8_0 and Q4_0. A matrix of any other type
-//!   (F32, F16, BF16, Q6_K, Q4_K, Q5_K, ...) is dequantized and requantized
-//!   to Q8_0 at load: 8.5 bits per weight, a relative error per weight of
-//!   at most 1/254 of its 32-block's largest magnitude, on top of the
-//!   file's own quantization. `describe` lists every converted matrix.
+//! - Every projection matrix is read from its own bits when its file type
+//!   is a matmul weight type (`WType`: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16,
+//!   BF16): Q8_0/Q4_0 as a quant plane plus scale planes (f16 scales for
+//!   the GEMV, f32 for the prefill GEMMs), the k-quants as their lossless
+//!   plane repacks (one nibble plane, the GEMV side records and/or the GEMM
+//!   side words), F16/BF16 as stored. Only the layouts some slot reads are
+//!   built, and a plane two layouts share is uploaded once.
+//! - Matrices that one kernel reads together are concatenated along the
+//!   output features: Q, K and V of a layer (`qkv`), gate and up
+//!   (`gate_up`). A Q|K|V whose parts' types differ (Q4_K_M files: a Q6_K
+//!   `attn_v` beside Q4_K `attn_q`/`attn_k`) is split into runs of one type
+//!   (`fused_runs`), each its own matrix and launch. A gate|up whose types
+//!   differ, and a matrix of a type no matmul kernel reads (F32, Q5_0,
+//!   ...), is dequantized and requantized to Q8_0 at load: 8.5 bits per weight, a relative error per weight of at
+//!   most 1/254 of its 32-block's largest magnitude, on top of the file's
+//!   own quantization. `ModelDims::converted` lists every such matrix
+//!   before the upload, so `run`/`bench` say so, and a lossless profile
+//!   (`strict`, `Profile::lossless`) refuses them.
 //! - The token embedding (gathered by the `embed` kernel) and the PLE table
 //!   stay in their GGUF bytes. The tied head reads `token_embd`'s own Q6_K
 //!   super-blocks, the embed kernel's copy (no second one), when the
-//!   profile's `gemv.head` slot resolves to the Q6_K GEMV at every row count
-//!   (`forward_plan::head_type`); otherwise it reads its own planes or blocks of
-//!   the device type, converted as above.
+//!   profile's `gemv.head` slot resolves to the Q6_K GEMV on GGUF blocks at
+//!   every row count (`forward_plan::head_type`); otherwise it reads its own
+//!   planes of the device type.
 //! - `upload` puts a whole model on the device in the layouts the forward
-//!   plan reads (`ProjLayouts`); `model_bytes` is the same sum before any
-//!   allocation (the fit check).
+//!   plan reads (`ProjLayouts`); `forward_plan::model_bytes` is the same
+//!   sum computed from the model's shapes before any allocation (the fit
+//!   check), and `planned_bytes` equals `HostCopies::bytes` of every
+//!   matrix.
 //! - Norm weights are f32 vectors, the layer scalars one f32 array.
 
-use gemtune_kernels::bind::matmul::{ScaleType, WeightLayout, Weights};
-use gemtune_kernels::bind::NULL;
-use gemtune_kernels::families::to_planes;
+use gemtune_kernels::bind::matmul::{
+    MatmulBinding, MatmulFamily, Prepass, ScaleType, WeightLayout, Weights,
+};
+use gemtune_kernels::bind::{ActFormat, NULL};
 use gemtune_kernels::family::WType;
 use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
 use gemtune_kernels::quant::{dequantize_row, quantize_row, GgmlType};
@@ -59,6 +70,30 @@ impl Layouts {
             } => self.planes_f32 = true,
         }
     }
+    fn planes(&self) -> bool {
+        self.planes_f16 || self.planes_f32
+    }
+}
+
+const PLANES_F16: WeightLayout = WeightLayout::Planes {
+    scales: ScaleType::F16,
+};
+const PLANES_F32: WeightLayout = WeightLayout::Planes {
+    scales: ScaleType::F32,
+};
+
+/// A binding with `layout` alone: its row strides and device repacks
+/// depend on the layout only, so the engine asks the kernels crate for
+/// them through it (one source of truth for every type's layout).
+fn layout_binding(layout: WeightLayout) -> MatmulBinding {
+    MatmulBinding {
+        family: MatmulFamily::Gemv,
+        layout,
+        act: ActFormat::F32,
+        prepass: Prepass::None,
+        zero_output: false,
+        matrices: 1,
+    }
 }
 
 /// One (possibly fused) projection matrix `[n][k]` on the device.
@@ -67,11 +102,14 @@ pub struct GpuMatrix {
     pub n: usize,
     pub k: usize,
     pub wtype: WType,
-    /// Source types that were requantized to Q8_0 at load.
-    pub converted_from: Vec<GgmlType>,
+    /// Quant plane (Q8_0, Q4_0, the k-quants' nibbles).
     q: Option<DeviceBuffer>,
+    /// Scale plane of the GEMV (k-quants: the GEMV side records).
     d16: Option<DeviceBuffer>,
+    /// Scale plane of the prefill GEMMs (k-quants: the GEMM side words).
     d32: Option<DeviceBuffer>,
+    /// GGUF bytes: the blocks of LAYOUT=0, and F16/BF16 values in every
+    /// layout.
     blocks: Option<Arc<DeviceBuffer>>,
     /// `blocks` is another owner's buffer (the embedding table the tied
     /// head shares): not counted in `bytes`.
@@ -80,8 +118,8 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    /// A matrix read as GGUF blocks from a buffer that another owner also
-    /// reads (and accounts for): the tied head on the embedding table.
+    /// A matrix read as its GGUF bytes from a buffer that another owner
+    /// also reads (and accounts for): the tied head on the embedding table.
     pub fn shared_blocks(
         name: &str,
         n: usize,
@@ -102,7 +140,6 @@ impl GpuMatrix {
             n,
             k,
             wtype,
-            converted_from: Vec::new(),
             q: None,
             d16: None,
             d32: None,
@@ -112,32 +149,36 @@ impl GpuMatrix {
         })
     }
 
-    /// Device addresses of rows `r0..` of the matrix in `layout`.
+    /// Device addresses of rows `r0..` of the matrix in `layout` (rows
+    /// start `r0` row strides into each buffer, `MatmulBinding::row_strides`).
     pub fn weights_from(&self, layout: WeightLayout, r0: usize) -> Result<Weights, GpuError> {
-        let nb = self.k / 32;
         let missing = || {
             GpuError::Other(format!(
                 "{}: no {layout:?} copy was uploaded (a slot planned after load?)",
                 self.name
             ))
         };
+        let (qs, ds) = layout_binding(layout).row_strides(self.wtype, self.k);
+        let at = |b: &DeviceBuffer, stride: usize| b.ptr() + (r0 * stride) as u64;
         Ok(match layout {
-            WeightLayout::GgufBlocks => {
-                let b = self.blocks.as_ref().ok_or_else(missing)?;
-                Weights {
-                    q: b.ptr() + (r0 * self.wtype.row_bytes(self.k)) as u64,
-                    d: NULL,
-                }
-            }
+            WeightLayout::GgufBlocks => Weights {
+                q: at(self.blocks.as_ref().ok_or_else(missing)?, qs),
+                d: NULL,
+            },
+            WeightLayout::Planes { .. } if self.wtype.is_16bit() => Weights {
+                q: at(self.blocks.as_ref().ok_or_else(missing)?, qs),
+                d: NULL,
+            },
             WeightLayout::Planes { scales } => {
                 let q = self.q.as_ref().ok_or_else(missing)?;
-                let (d, es) = match scales {
-                    ScaleType::F16 => (self.d16.as_ref().ok_or_else(missing)?, 2),
-                    ScaleType::F32 => (self.d32.as_ref().ok_or_else(missing)?, 4),
-                };
+                let d = match scales {
+                    ScaleType::F16 => self.d16.as_ref(),
+                    ScaleType::F32 => self.d32.as_ref(),
+                }
+                .ok_or_else(missing)?;
                 Weights {
-                    q: q.ptr() + (r0 * nb * self.wtype.quant_bytes_per_block()) as u64,
-                    d: d.ptr() + (r0 * nb * es) as u64,
+                    q: at(q, qs),
+                    d: at(d, ds),
                 }
             }
         })
@@ -167,14 +208,60 @@ impl GpuMatrix {
 }
 
 /// The type the matmul kernels read for matrices of file types `parts`
-/// fused into one: Q4_0 when every part is Q4_0, else Q8_0 (fused parts
-/// share one device type; every other type is requantized at load).
+/// fused into one: the file's own type when every part has it and it is a
+/// matmul weight type (`WType`), else Q8_0 (fused parts share one device
+/// type, so mixed parts and types without a matmul kernel, F32 among them,
+/// are requantized at load).
 pub fn device_type(parts: &[GgmlType]) -> WType {
-    if !parts.is_empty() && parts.iter().all(|&t| t == GgmlType::Q4_0) {
-        WType::Q4_0
-    } else {
-        WType::Q8_0
+    match parts.split_first() {
+        Some((&t, rest)) if rest.iter().all(|&r| r == t) => WType::of(t).unwrap_or(WType::Q8_0),
+        _ => WType::Q8_0,
     }
+}
+
+/// The runs a fused Q|K|V of file types `parts` is uploaded and launched
+/// as: consecutive parts whose device types (`device_type` of each alone)
+/// agree share a run, so a V stored as Q6_K beside Q4_K Q and K (Q4_K_M
+/// files) is a second matrix read in its own type, not requantized. Each
+/// run's launch writes its own `[rows][n_run]` block of the Q|K|V buffer
+/// (`stages::attention_block`), and Q, K and V are read from there with
+/// their run's row stride.
+pub fn fused_runs(parts: &[GgmlType]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &t) in parts.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if device_type(&[parts[r.start]]) == device_type(&[t]) => r.end = i + 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
+/// The name of run `j` of `runs` of layer `l`'s Q|K|V.
+pub fn qkv_run_name(l: usize, j: usize, runs: usize) -> String {
+    if runs == 1 {
+        format!("blk.{l}.attn_qkv")
+    } else {
+        format!("blk.{l}.attn_qkv.{j}")
+    }
+}
+
+/// Why matrices of file types `parts` fused into one are converted to
+/// `wt` (`device_type`), or `None` when they are read as they are.
+pub fn conversion(parts: &[GgmlType], wt: WType) -> Option<String> {
+    if parts.iter().all(|&t| t == wt.ggml()) {
+        return None;
+    }
+    let names: Vec<&str> = parts.iter().map(|t| t.name()).collect();
+    let why = match parts.iter().find(|&&t| WType::of(t).is_none()) {
+        Some(t) => format!("no matmul kernel reads {} weights", t.name()),
+        None => "the fused parts' types differ and one kernel reads them".to_string(),
+    };
+    Some(format!(
+        "({}) -> {} planes, lossy: {why}",
+        names.join(", "),
+        wt.ggml().name()
+    ))
 }
 
 /// Embedding-table types the `embed` and `ple` kernels read as they are;
@@ -197,12 +284,17 @@ pub fn table_type(t: GgmlType) -> GgmlType {
     }
 }
 
+/// Bytes of `n` rows of `k` elements of type `t` as GGUF stores them.
+pub fn gguf_bytes(t: GgmlType, n: usize, k: usize) -> u64 {
+    (n * (k / t.block_size()) * t.type_size()) as u64
+}
+
 /// The device layouts each projection's matrices are uploaded in (the
 /// union over every launch the forward plan makes of that projection).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProjLayouts {
     by_proj: [Layouts; 6],
-    /// The tied head reads `token_embd`'s Q6_K blocks, the embedding
+    /// The tied head reads `token_embd`'s GGUF bytes, the embedding
     /// table's device copy: no copy of its own.
     pub head_native: bool,
 }
@@ -216,28 +308,111 @@ impl ProjLayouts {
     }
 }
 
-/// Bytes one `[n][k]` matrix of file type `t` takes on the device in
-/// `layouts` (for the fit check before any allocation).
-pub fn planned_bytes(t: GgmlType, n: usize, k: usize, layouts: Layouts) -> u64 {
-    let wt = device_type(&[t]);
-    let nb = (n * k / 32) as u64;
-    let mut b = 0;
-    if layouts.planes_f16 || layouts.planes_f32 {
-        b += nb * wt.quant_bytes_per_block() as u64;
-    }
-    if layouts.planes_f16 {
-        b += nb * 2;
-    }
-    if layouts.planes_f32 {
-        b += nb * 4;
-    }
-    if layouts.blocks {
-        b += nb * wt.ggml().type_size() as u64;
+/// Bytes one `[n][k]` matrix of device type `wt` takes on the device in
+/// `layouts` (the fit check before any allocation): what
+/// `HostCopies::bytes` gives for the same matrix.
+pub fn planned_bytes(wt: WType, n: usize, k: usize, layouts: Layouts) -> u64 {
+    let stride = |l: WeightLayout| layout_binding(l).row_strides(wt, k);
+    let mut b = 0usize;
+    if wt.is_16bit() {
+        if layouts.planes() || layouts.blocks {
+            b += n * wt.row_bytes(k);
+        }
+    } else {
+        if layouts.planes() {
+            b += n * stride(PLANES_F16).0;
+        }
+        if layouts.planes_f16 {
+            b += n * stride(PLANES_F16).1;
+        }
+        if layouts.planes_f32 {
+            b += n * stride(PLANES_F32).1;
+        }
+        if layouts.blocks {
+            b += n * wt.row_bytes(k);
+        }
     }
     if layouts.bf16 {
-        b += (n * k * 2) as u64;
+        b += n * k * 2;
     }
-    b
+    b as u64
+}
+
+/// The host copies of one matrix in the layouts some slot reads, before
+/// the upload: planes shared by two layouts are built once, and F16/BF16
+/// values serve every layout from one buffer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostCopies {
+    pub q: Option<Vec<u8>>,
+    pub d16: Option<Vec<u8>>,
+    pub d32: Option<Vec<u8>>,
+    pub blocks: Option<Vec<u8>>,
+    pub bf16: Option<Vec<u16>>,
+}
+
+impl HostCopies {
+    /// Builds the copies of an `[n][k]` matrix of device type `wt` from
+    /// its GGUF bytes (`n` rows of `wt.row_bytes(k)`); every repack is
+    /// lossless (`MatmulBinding::device_weights`).
+    pub fn build(
+        wt: WType,
+        gguf: &[u8],
+        n: usize,
+        k: usize,
+        layouts: Layouts,
+    ) -> Result<HostCopies, String> {
+        let mut c = HostCopies::default();
+        let planes = |l: WeightLayout| {
+            layout_binding(l)
+                .device_weights(wt, gguf, n, k)
+                .map_err(|e| e.to_string())
+        };
+        if wt.is_16bit() {
+            if layouts.planes() || layouts.blocks {
+                c.blocks = Some(gguf.to_vec());
+            }
+        } else {
+            if layouts.planes_f16 {
+                let dw = planes(PLANES_F16)?;
+                c.q = Some(dw.q);
+                c.d16 = Some(dw.d);
+            }
+            if layouts.planes_f32 {
+                let dw = planes(PLANES_F32)?;
+                c.q.get_or_insert(dw.q);
+                c.d32 = Some(dw.d);
+            }
+            if layouts.blocks {
+                c.blocks = Some(gguf.to_vec());
+            }
+        }
+        if layouts.bf16 {
+            let row = wt.row_bytes(k);
+            let mut h = vec![0u16; n * k];
+            h.par_chunks_mut(k).zip(gguf.par_chunks(row)).try_for_each(
+                |(d, s)| -> Result<(), String> {
+                    let mut f = vec![0f32; k];
+                    dequantize_row(wt.ggml(), s, &mut f).map_err(|e| e.to_string())?;
+                    for (o, v) in d.iter_mut().zip(&f) {
+                        *o = gemtune_kernels::quant::blocks::f32_to_bf16(*v);
+                    }
+                    Ok(())
+                },
+            )?;
+            c.bf16 = Some(h);
+        }
+        Ok(c)
+    }
+
+    /// Bytes of every copy.
+    pub fn bytes(&self) -> u64 {
+        let b = |v: &Option<Vec<u8>>| v.as_ref().map(|v| v.len()).unwrap_or(0);
+        (b(&self.q)
+            + b(&self.d16)
+            + b(&self.d32)
+            + b(&self.blocks)
+            + self.bf16.as_ref().map(|v| 2 * v.len()).unwrap_or(0)) as u64
+    }
 }
 
 /// The rows of `parts` (same k), concatenated, as GGUF blocks of the device
@@ -245,7 +420,7 @@ pub fn planned_bytes(t: GgmlType, n: usize, k: usize, layouts: Layouts) -> u64 {
 /// dequantized and requantized to Q8_0.
 fn device_blocks(model: &Model, parts: &[&MatRef], wt: WType) -> Result<Vec<u8>, GpuError> {
     let k = parts[0].n_in;
-    let row_out = wt.ggml().type_size() * k / 32;
+    let row_out = wt.row_bytes(k);
     let n: usize = parts.iter().map(|p| p.n_out).sum();
     let mut out = vec![0u8; n * row_out];
     let mut o = 0;
@@ -287,60 +462,25 @@ pub fn upload_matrix(
     }
     let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
     let wt = device_type(&types);
-    let converted_from: Vec<GgmlType> = parts
-        .iter()
-        .map(|p| p.ty)
-        .filter(|&t| t != wt.ggml())
-        .collect();
     let n: usize = parts.iter().map(|p| p.n_out).sum();
     let gguf = device_blocks(model, parts, wt)?;
-    let mut m = GpuMatrix {
+    let c = HostCopies::build(wt, &gguf, n, k, layouts)
+        .map_err(|e| GpuError::Other(format!("{name}: {e}")))?;
+    // The fit check counted `planned_bytes`; the copies are those bytes.
+    debug_assert_eq!(c.bytes(), planned_bytes(wt, n, k, layouts), "{name}");
+    let up = |v: Option<Vec<u8>>| v.map(|v| gpu.upload(&v)).transpose();
+    Ok(GpuMatrix {
         name: name.to_string(),
         n,
         k,
         wtype: wt,
-        converted_from,
-        q: None,
-        d16: None,
-        d32: None,
-        blocks: None,
+        q: up(c.q)?,
+        d16: up(c.d16)?,
+        d32: up(c.d32)?,
+        blocks: up(c.blocks)?.map(Arc::new),
         blocks_shared: false,
-        bf16: None,
-    };
-    if layouts.planes_f16 || layouts.planes_f32 {
-        let (q, d) = to_planes(wt, &gguf, n, k);
-        m.q = Some(gpu.upload(&q)?);
-        if layouts.planes_f16 {
-            m.d16 = Some(gpu.upload(&d)?);
-        }
-        if layouts.planes_f32 {
-            let f: Vec<f32> = d
-                .par_iter()
-                .map(|&h| gemtune_kernels::quant::blocks::f16_to_f32(h))
-                .collect();
-            m.d32 = Some(gpu.upload(&f)?);
-        }
-    }
-    if layouts.bf16 {
-        let row = wt.ggml().type_size() * k / 32;
-        let mut h = vec![0u16; n * k];
-        h.par_chunks_mut(k).zip(gguf.par_chunks(row)).try_for_each(
-            |(d, s)| -> Result<(), GpuError> {
-                let mut f = vec![0f32; k];
-                dequantize_row(wt.ggml(), s, &mut f)
-                    .map_err(|e| GpuError::Other(format!("{name}: {e}")))?;
-                for (o, v) in d.iter_mut().zip(&f) {
-                    *o = gemtune_kernels::quant::blocks::f32_to_bf16(*v);
-                }
-                Ok(())
-            },
-        )?;
-        m.bf16 = Some(gpu.upload(&h)?);
-    }
-    if layouts.blocks {
-        m.blocks = Some(Arc::new(gpu.upload(&gguf)?));
-    }
-    Ok(m)
+        bf16: c.bf16.map(|v| gpu.upload(&v)).transpose()?,
+    })
 }
 
 /// A tensor uploaded as its GGUF bytes (embedding tables). `buf` is shared
@@ -371,8 +511,9 @@ pub fn upload_table(
 
 /// One layer's device weights.
 pub struct LayerWeights {
-    /// Q | K | V (K-shared layers: Q only; k_eq_v layers: Q | K).
-    pub qkv: GpuMatrix,
+    /// Q | K | V (K-shared layers: Q only; k_eq_v layers: Q | K), in the
+    /// runs of `fused_runs` (one unless the parts' types differ).
+    pub qkv: Vec<GpuMatrix>,
     pub o: GpuMatrix,
     /// gate | up.
     pub gate_up: GpuMatrix,
@@ -406,8 +547,6 @@ pub struct DeviceWeights {
     pub rope_full: DeviceBuffer,
     pub bytes: u64,
     pub bf16_bytes: u64,
-    /// One line per matrix converted at load.
-    pub converted: Vec<String>,
 }
 
 impl DeviceWeights {
@@ -432,59 +571,30 @@ pub fn qkv_parts(lw: &crate::model::LayerWeights) -> Vec<&MatRef> {
     parts
 }
 
-/// Device bytes of a model's weights in `lay` (the fit check before any
-/// allocation; `upload` allocates exactly these).
-pub fn model_bytes(model: &Model, lay: &ProjLayouts) -> u64 {
-    let w = model.weights();
-    let mat = |m: &MatRef, p: Proj| planned_bytes(m.ty, m.n_out, m.n_in, lay.get(p));
-    let mut b = 0u64;
-    for lw in &w.layers {
-        b += qkv_parts(lw).iter().map(|m| mat(m, Proj::Qkv)).sum::<u64>();
-        b += mat(&lw.attn_output, Proj::O);
-        b += mat(&lw.ffn_gate, Proj::GateUp) + mat(&lw.ffn_up, Proj::GateUp);
-        b += mat(&lw.ffn_down, Proj::Down);
-        if let Some(p) = &lw.ple {
-            b += mat(&p.inp_gate, Proj::Ple) + mat(&p.proj, Proj::Ple);
-        }
-    }
-    b += model.mat_bytes(&w.token_embd).len() as u64;
-    if !lay.head_native {
-        b += mat(&w.token_embd, Proj::Head);
-    }
-    if let Some(p) = &w.ple {
-        b += model.mat_bytes(&p.token_embd).len() as u64 + mat(&p.model_proj, Proj::Ple);
-    }
-    b
-}
-
 /// Uploads a model's weights in the layouts `lay` names.
 pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeights, GpuError> {
     let cfg = model.config();
     let w = model.weights();
     let mut layers = Vec::with_capacity(cfg.n_layers);
-    let mut converted = Vec::new();
-    let mut note = |m: &GpuMatrix| {
-        if !m.converted_from.is_empty() {
-            converted.push(format!(
-                "{} ({}) -> {} planes",
-                m.name,
-                m.converted_from
-                    .iter()
-                    .map(|t| t.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                m.wtype.ggml().name()
-            ));
-        }
-    };
     let f32_buf = |v: &[f32]| gpu.upload(v);
     for (i, lw) in w.layers.iter().enumerate() {
-        let mut up = |name: &str, parts: &[&MatRef], p: Proj| -> Result<GpuMatrix, GpuError> {
-            let m = upload_matrix(gpu, model, name, parts, lay.get(p))?;
-            note(&m);
-            Ok(m)
+        let up = |name: &str, parts: &[&MatRef], p: Proj| -> Result<GpuMatrix, GpuError> {
+            upload_matrix(gpu, model, name, parts, lay.get(p))
         };
-        let qkv = up(&format!("blk.{i}.attn_qkv"), &qkv_parts(lw), Proj::Qkv)?;
+        let parts = qkv_parts(lw);
+        let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
+        let runs = fused_runs(&types);
+        let qkv = runs
+            .iter()
+            .enumerate()
+            .map(|(j, r)| {
+                up(
+                    &qkv_run_name(i, j, runs.len()),
+                    &parts[r.clone()],
+                    Proj::Qkv,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let o = up(&lw.attn_output.name, &[&lw.attn_output], Proj::O)?;
         let gate_up = up(
             &format!("blk.{i}.ffn_gate_up"),
@@ -518,17 +628,19 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
     }
     let embd = upload_table(gpu, model, &w.token_embd, EMBED_TYPES)?;
     let head = if lay.head_native {
-        if embd.ty != GgmlType::Q6K {
+        let wt = WType::of(embd.ty).filter(|_| embd.ty == w.token_embd.ty);
+        let Some(wt) = wt else {
             return Err(GpuError::Other(format!(
-                "token_embd: the head was planned on Q6_K blocks, the table is {}",
-                embd.ty.name()
+                "token_embd: the head was planned on the table's own bytes, which hold {} (the file's {})",
+                embd.ty.name(),
+                w.token_embd.ty.name()
             )));
-        }
+        };
         GpuMatrix::shared_blocks(
             "token_embd (head)",
             w.token_embd.n_out,
             w.token_embd.n_in,
-            WType::Q6K,
+            wt,
             embd.buf.clone(),
         )?
     } else {
@@ -540,7 +652,6 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
             lay.get(Proj::Head),
         )?
     };
-    note(&head);
     let (ple_table, ple_model_proj, ple_proj_norm) = match &w.ple {
         Some(p) => {
             let mp = upload_matrix(
@@ -550,7 +661,6 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
                 &[&p.model_proj],
                 lay.get(Proj::Ple),
             )?;
-            note(&mp);
             (
                 Some(upload_table(gpu, model, &p.token_embd, EMBED_TYPES)?),
                 Some(mp),
@@ -564,7 +674,7 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
     let mut bytes: u64 = layers
         .iter()
         .map(|l| {
-            l.qkv.bytes()
+            l.qkv.iter().map(|m| m.bytes()).sum::<u64>()
                 + l.o.bytes()
                 + l.gate_up.bytes()
                 + l.down.bytes()
@@ -581,7 +691,10 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
     let bf16_bytes = layers
         .iter()
         .map(|l| {
-            l.qkv.bf16_bytes() + l.o.bf16_bytes() + l.gate_up.bf16_bytes() + l.down.bf16_bytes()
+            l.qkv.iter().map(|m| m.bf16_bytes()).sum::<u64>()
+                + l.o.bf16_bytes()
+                + l.gate_up.bf16_bytes()
+                + l.down.bf16_bytes()
         })
         .sum::<u64>()
         + ple_model_proj.as_ref().map(|m| m.bf16_bytes()).unwrap_or(0);
@@ -599,6 +712,104 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
         rope_full: rope(AttnKind::Full)?,
         bytes,
         bf16_bytes,
-        converted,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::weights::{fill_tensor, Dist};
+
+    fn every_layout_set() -> Vec<Layouts> {
+        (0..16u8)
+            .map(|b| Layouts {
+                planes_f16: b & 1 != 0,
+                planes_f32: b & 2 != 0,
+                blocks: b & 4 != 0,
+                bf16: b & 8 != 0,
+            })
+            .collect()
+    }
+
+    /// The bytes the fit check plans for a matrix are the bytes its upload
+    /// builds, for every weight type and every set of layouts (the legal
+    /// ones: Q4_K/Q5_K have no GGUF-block kernel, but the sums hold anyway).
+    #[test]
+    fn planned_bytes_equal_the_host_copies() {
+        let (n, k) = (5usize, 512usize);
+        for wt in WType::ALL {
+            let mut gguf = vec![0u8; n * wt.row_bytes(k)];
+            fill_tensor(
+                wt.ggml(),
+                &Dist::Symmetric { std: 0.02 },
+                n * k,
+                7,
+                wt as u64,
+                &mut gguf,
+            )
+            .expect("fill");
+            for l in every_layout_set() {
+                let c = HostCopies::build(wt, &gguf, n, k, l).expect("copies");
+                assert_eq!(
+                    c.bytes(),
+                    planned_bytes(wt, n, k, l),
+                    "{} {l:?}",
+                    wt.define()
+                );
+                assert_eq!(c.bytes() == 0, l == Layouts::default(), "{l:?}");
+            }
+        }
+    }
+
+    /// Read in its own type, a matrix takes its file's bytes in the GEMV's
+    /// layout (Q6_K: the side records' 14 padding bytes per super-block on
+    /// top), and the k-quants' prefill side words and Q8_0/Q4_0's f32
+    /// scales come on top when prefill reads them.
+    #[test]
+    fn native_layouts_take_about_the_file_bytes() {
+        let (n, k) = (64usize, 2560usize);
+        let gemv = Layouts {
+            planes_f16: true,
+            ..Default::default()
+        };
+        for wt in WType::ALL {
+            let file = (n * wt.row_bytes(k)) as f64;
+            let r = planned_bytes(wt, n, k, gemv) as f64 / file;
+            let bound = if wt == WType::Q6K { 224.0 / 210.0 } else { 1.0 };
+            assert!(
+                (r - bound).abs() < 1e-12,
+                "{}: {r} of the file's bytes",
+                wt.define()
+            );
+        }
+        assert_eq!(
+            planned_bytes(
+                WType::Q4K,
+                n,
+                k,
+                Layouts {
+                    planes_f16: true,
+                    planes_f32: true,
+                    ..Default::default()
+                }
+            ),
+            (n * k / 256 * (128 + 16 + 64)) as u64
+        );
+    }
+
+    #[test]
+    fn device_type_keeps_uniform_matmul_types() {
+        use GgmlType::*;
+        assert_eq!(device_type(&[Q4K, Q4K, Q4K]), WType::Q4K);
+        assert_eq!(device_type(&[Bf16]), WType::Bf16);
+        assert_eq!(device_type(&[F16, F16]), WType::F16);
+        assert_eq!(device_type(&[Q4K, Q4K, Q6K]), WType::Q8_0);
+        assert_eq!(device_type(&[F32]), WType::Q8_0);
+        assert_eq!(device_type(&[Q5_0]), WType::Q8_0);
+        assert!(conversion(&[Q6K], WType::Q6K).is_none());
+        let mixed = conversion(&[Q4K, Q4K, Q6K], WType::Q8_0).expect("converted");
+        assert!(mixed.contains("differ"), "{mixed}");
+        let f32 = conversion(&[F32], WType::Q8_0).expect("converted");
+        assert!(f32.contains("no matmul kernel reads f32"), "{f32}");
+    }
 }

@@ -273,6 +273,9 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         memory_rate(&args, backend)
     };
     let mut engine = build_engine(&model, backend, &args.cuda, need, ubatch, ubatch)?;
+    if let Some(n) = engine.conversion_notice() {
+        eprintln!("bench: {n}");
+    }
     if args.worker {
         return worker(engine.as_mut(), &model, &path, &args);
     }

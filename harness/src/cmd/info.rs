@@ -152,9 +152,45 @@ pub fn describe(f: &GgufFile, cfg: &Gemma4Config) -> anyhow::Result<String> {
     Ok(s)
 }
 
+/// The CUDA engine's device bytes for the weights under `main` and
+/// `strict` on sm_90 (planned, no GPU), next to the file's bytes of the
+/// same tensors, and every lossy conversion at load.
+pub fn device_weights(model: &gemtune_engine::model::Model) -> anyhow::Result<String> {
+    let mut s = String::new();
+    writeln!(s)?;
+    for name in ["main", "strict"] {
+        let profile = gemtune_engine::profile::Profile::load(name)?;
+        let w = match gemtune_engine::cuda::weight_plan(
+            model,
+            profile,
+            gemtune_kernels::compile::Arch(90),
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                writeln!(s, "cuda weights  {name:<6} (sm_90): cannot plan: {e}")?;
+                continue;
+            }
+        };
+        writeln!(
+            s,
+            "cuda weights  {name:<6} (sm_90): {} B on the device for {} B of file tensors ({:.3}x), {} lossy conversion(s)",
+            w.device_bytes,
+            w.file_bytes,
+            w.device_bytes as f64 / w.file_bytes.max(1) as f64,
+            w.converted.len()
+        )?;
+        for c in &w.converted {
+            writeln!(s, "              converted: {c}")?;
+        }
+    }
+    Ok(s)
+}
+
 pub fn run(args: Args) -> anyhow::Result<Exit> {
     let f = GgufFile::open(&args.model)?;
     let cfg = Gemma4Config::from_gguf(&f)?;
     print!("{}", describe(&f, &cfg)?);
+    let model = gemtune_engine::model::Model::from_gguf(f)?;
+    print!("{}", device_weights(&model)?);
     Ok(Exit::Pass)
 }

@@ -185,6 +185,9 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         args.batch,
         args.ubatch,
     )?;
+    if let Some(n) = eng.conversion_notice() {
+        eprintln!("{n}");
+    }
     if args.verbose {
         for l in eng.describe() {
             eprintln!("{l}");
