@@ -33,6 +33,7 @@
 
 use crate::cuda::slots::Slot;
 use gemtune_kernels::defines::{DefineValue, Defines};
+use gemtune_kernels::quant::GgmlType;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -56,6 +57,12 @@ pub struct ProfileFile {
     /// from the base unless set.
     #[serde(default)]
     pub lossless: Option<bool>,
+    /// How a tied head stored as Q6_K is read when `gemv.head` reads
+    /// planes: `"Q8_0"` (a lossy conversion at load that this profile asks
+    /// for; `run`/`bench` print it) or `"none"` (the file's own Q6_K, as a
+    /// lossless plane repack). Inherited from the base unless set.
+    #[serde(default)]
+    pub head_convert: Option<String>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -107,6 +114,9 @@ pub struct Profile {
     pub kv_type: Option<String>,
     /// Refuse models whose weights the engine would convert lossily.
     pub lossless: bool,
+    /// The type a Q6_K tied head read through planes is converted to at
+    /// load (`ProfileFile::head_convert`); `None`: read as it is.
+    pub head_convert: Option<GgmlType>,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -402,6 +412,7 @@ impl Profile {
                 source: String::new(),
                 kv_type: None,
                 lossless: false,
+                head_convert: None,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -415,6 +426,24 @@ impl Profile {
         }
         if let Some(l) = f.lossless {
             p.lossless = l;
+        }
+        match f.head_convert.as_deref() {
+            None => {}
+            Some("none") => p.head_convert = None,
+            Some("Q8_0") => p.head_convert = Some(GgmlType::Q8_0),
+            Some(other) => {
+                return Err(ProfileError::Parse {
+                    at: loc.key(&["head_convert"]),
+                    msg: format!("head_convert = \"{other}\": write \"Q8_0\" or \"none\""),
+                })
+            }
+        }
+        if p.lossless && p.head_convert.is_some() {
+            return Err(ProfileError::Parse {
+                at: loc.key(&["head_convert"]),
+                msg: "a lossless profile cannot convert the head: set head_convert = \"none\""
+                    .into(),
+            });
         }
         for (k, v) in f.fallback {
             check_choice(&loc, "fallback", &k, &v.family, &v.defines)?;
@@ -568,7 +597,7 @@ mod tests {
         let text = "name = \"x\"\nbase = \"main\"\n\n[slot.gemv]\nfamily = \"gemv\"\ndefines = { ALGO = 0 }\n";
         let p = Profile::parse("x.toml", text).expect("parses");
         assert_eq!(p.origin_of("gemv.qkv", Some("Q8_0")), "x.toml:4");
-        assert_eq!(p.origin_of("gemv.qkv", Some("Q4_0")), "builtin:main:29");
+        assert_eq!(p.origin_of("gemv.qkv", Some("Q4_0")), "builtin:main:36");
         let e = Profile::parse("x.toml", &text.replace("\"gemv\"\n", "\"gemvv\"\n"))
             .unwrap_err()
             .to_string();

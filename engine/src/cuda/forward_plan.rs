@@ -254,7 +254,15 @@ impl ModelDims {
         let (embd_type, mut table_bytes) = b.table("token_embd.weight", cfg.vocab_size, d);
         let embd_file = ty("token_embd.weight");
         let head_t = head_type(planner, embd_file, cfg.vocab_size, d);
-        if let Some(c) = weights::conversion(&[embd_file], WType::of(head_t).unwrap_or(WType::Q8_0))
+        if embd_file != head_t && planner.profile.head_convert == Some(head_t) {
+            b.converted.push(format!(
+                "token_embd (head) ({}) -> {} planes, lossy: profile {} asks for it (head_convert)",
+                embd_file.name(),
+                head_t.name(),
+                planner.profile.name
+            ));
+        } else if let Some(c) =
+            weights::conversion(&[embd_file], WType::of(head_t).unwrap_or(WType::Q8_0))
         {
             b.converted.push(format!("token_embd (head) {c}"));
         }
@@ -312,8 +320,11 @@ pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
 /// The weight type the tied head (`token_embd`, `n` x `k`, stored as
 /// `embd`) is read as: Q6_K as it is in the file when `gemv.head` resolves,
 /// at every row count the head runs (1..=GEMV_MAX_ROWS), to a variant that
-/// reads Q6_K GGUF blocks; otherwise the load-time device type
-/// (`weights::device_type`: the file's type when a matmul kernel reads it).
+/// reads Q6_K GGUF blocks; else, for a Q6_K table, the profile's
+/// `head_convert` type when it asks for one (main: Q8_0 planes, measured
+/// faster end to end than the Q6_K plane repack); otherwise the load-time
+/// device type (`weights::device_type`: the file's type when a matmul
+/// kernel reads it).
 pub fn head_type(planner: &Planner, embd: GgmlType, n: usize, k: usize) -> GgmlType {
     let converted = weights::device_type(&[embd]).ggml();
     let slot = Slot::Gemv(Proj::Head);
@@ -327,10 +338,10 @@ pub fn head_type(planner: &Planner, embd: GgmlType, n: usize, k: usize) -> GgmlT
             .and_then(|r| MatmulBinding::of(r.family.name(), &r.defines).ok())
             .is_some_and(|b| b.layout == WeightLayout::GgufBlocks)
     });
-    if native {
-        GgmlType::Q6K
-    } else {
-        converted
+    match (native, planner.profile.head_convert) {
+        (true, _) => GgmlType::Q6K,
+        (false, Some(t)) => t,
+        (false, None) => converted,
     }
 }
 
@@ -1444,7 +1455,19 @@ mod tests {
                         };
                         assert_eq!(n, lc.q_dim() + kv, "{what} {l} qkv width");
                     }
-                    assert!(dims.converted.is_empty(), "{what}: {:?}", dims.converted);
+                    // The one conversion allowed: the Q6_K tied head that
+                    // main's `head_convert` asks for.
+                    let asked = |c: &String| {
+                        profile == "main"
+                            && ty["token_embd.weight"] == GgmlType::Q6K
+                            && c.starts_with("token_embd (head) (q6_K) -> q8_0 planes")
+                            && c.ends_with("profile main asks for it (head_convert)")
+                    };
+                    assert!(
+                        dims.converted.iter().all(asked),
+                        "{what}: {:?}",
+                        dims.converted
+                    );
                     let mixes = matches!(w, WeightType::Q4KM | WeightType::Q5KM);
                     assert_eq!(mixed > 0, mixes, "{what}: {mixed} mixed Q|K|V groups");
                     if let Some(mp) = dims.ple_model_proj {

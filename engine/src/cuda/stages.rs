@@ -129,9 +129,10 @@ impl CudaEngine<'_> {
             }
             MatmulExec::Vendor { convert } => {
                 // cuBLAS writes whole buffers: the block goes through the
-                // residual branch buffer `y`, free while Q|K|V is computed
-                // (the layer's output projection writes it next).
-                let scratch = &self.b.y;
+                // gate|up buffer (`[rows][2 * ffn]`, wider than any Q|K|V
+                // run), free while Q|K|V is computed (the previous layer's
+                // FFN is done with it; this layer's writes it later).
+                let scratch = &self.b.gu;
                 let bytes = 4 * rows * w.n;
                 if bytes > scratch.bytes() {
                     return Err(EngineError::Device(format!(
