@@ -1145,6 +1145,7 @@ impl ForwardPlan {
             }
         }
         layouts.head_native = head_shares_table(dims, layouts.get(Proj::Head));
+        layouts.head_type = WType::of(dims.head.2);
         Ok(ForwardPlan {
             sizing,
             limits: planner.limits.clone(),
@@ -1498,6 +1499,49 @@ mod tests {
                         assert!(ratio <= bound + 1e-9, "{what}: {ratio:.4}x the file");
                     }
                     assert!(ratio < 2.0, "{what}: {ratio:.4}x the file");
+                }
+            }
+        }
+    }
+
+    /// The tied head's own copy is uploaded in the type its launches were
+    /// planned for (`weights::head_copy_type`), whatever the profile
+    /// decides: main converts a Q6_K head to Q8_0 (`head_convert`), strict
+    /// and q6k-head read the table, `head_convert = "none"` keeps Q6_K.
+    #[test]
+    fn the_head_copy_is_uploaded_in_the_planned_type() {
+        let mut cfg = synth::preset(SynthVariant::Tiny);
+        cfg.d_model = 256;
+        for w in [WeightType::Q4_0, WeightType::Q4KM, WeightType::Q8_0] {
+            for profile in ["main", "strict", "q6k-head", "cublas", "dp4a"] {
+                let planner = Planner::new(
+                    Profile::load(profile).expect("profile"),
+                    None,
+                    DeviceLimits::for_arch(Arch(90)),
+                );
+                let dims = ModelDims::of_synth(&cfg, w, &planner);
+                let kv_type = if profile == "strict" {
+                    KvType::F32
+                } else {
+                    KvType::F16
+                };
+                let sizing = Sizing {
+                    max_seq: 256,
+                    ubatch: 64,
+                    kv_type,
+                };
+                let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+                    .unwrap_or_else(|e| panic!("{profile} {}: {e}", w.name()));
+                let file = w.embedding_type(cfg.d_model as u64);
+                let what = format!("{profile} {} (table {})", w.name(), file.name());
+                if plan.layouts.head_native {
+                    assert_eq!(dims.head.2, file, "{what}");
+                    continue;
+                }
+                let copy = weights::head_copy_type(&plan.layouts, file);
+                assert_eq!(copy.ggml(), dims.head.2, "{what}");
+                if profile == "main" && file == GgmlType::Q6K {
+                    assert_eq!(copy, WType::Q8_0, "{what}: main asks for Q8_0");
                 }
             }
         }

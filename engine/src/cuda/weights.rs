@@ -297,6 +297,10 @@ pub struct ProjLayouts {
     /// The tied head reads `token_embd`'s GGUF bytes, the embedding
     /// table's device copy: no copy of its own.
     pub head_native: bool,
+    /// The type the head's own copy is read as (`forward_plan::head_type`,
+    /// which a profile's `head_convert` may set apart from the file's);
+    /// `None`: `device_type` of the table's file type.
+    pub head_type: Option<WType>,
 }
 
 impl ProjLayouts {
@@ -445,6 +449,14 @@ fn device_blocks(model: &Model, parts: &[&MatRef], wt: WType) -> Result<Vec<u8>,
     Ok(out)
 }
 
+/// The type the tied head's own copy is uploaded in: the planned head type
+/// (`ProjLayouts::head_type`), else `device_type` of the table's file type
+/// `file`. The head's launches were planned for this type, so the upload
+/// must not decide another.
+pub fn head_copy_type(lay: &ProjLayouts, file: GgmlType) -> WType {
+    lay.head_type.unwrap_or_else(|| device_type(&[file]))
+}
+
 /// Uploads `parts` (matrices with the same input width, concatenated along
 /// their outputs) in `layouts`.
 pub fn upload_matrix(
@@ -454,14 +466,26 @@ pub fn upload_matrix(
     parts: &[&MatRef],
     layouts: Layouts,
 ) -> Result<GpuMatrix, GpuError> {
+    let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
+    upload_matrix_as(gpu, model, name, parts, device_type(&types), layouts)
+}
+
+/// `upload_matrix` read as `wt` (converted at load when the file's type
+/// differs: the tied head under a profile's `head_convert`).
+pub fn upload_matrix_as(
+    gpu: &Gpu,
+    model: &Model,
+    name: &str,
+    parts: &[&MatRef],
+    wt: WType,
+    layouts: Layouts,
+) -> Result<GpuMatrix, GpuError> {
     let k = parts[0].n_in;
     if parts.iter().any(|p| p.n_in != k) || k % 32 != 0 {
         return Err(GpuError::Other(format!(
             "{name}: the fused matrices need one input width that is a multiple of 32"
         )));
     }
-    let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
-    let wt = device_type(&types);
     let n: usize = parts.iter().map(|p| p.n_out).sum();
     let gguf = device_blocks(model, parts, wt)?;
     let c = HostCopies::build(wt, &gguf, n, k, layouts)
@@ -644,11 +668,13 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
             embd.buf.clone(),
         )?
     } else {
-        upload_matrix(
+        let wt = head_copy_type(lay, w.token_embd.ty);
+        upload_matrix_as(
             gpu,
             model,
             "token_embd (head)",
             &[&w.token_embd],
+            wt,
             lay.get(Proj::Head),
         )?
     };
