@@ -10,25 +10,14 @@
 
 mod common;
 
+use common::{log, text};
+
 use std::path::Path;
 use std::process::{Command, Output};
 
 use gemtune::results::BenchRow;
 use gemtune_engine::model::Model;
 use gemtune_engine::step_bytes::StepReads;
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn log(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        text(&o.stdout),
-        text(&o.stderr)
-    )
-}
 
 /// `gemtune` with its scratch and cache directories in `home`.
 fn gemtune_in(home: &Path) -> Command {

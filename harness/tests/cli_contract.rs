@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::{log, text};
+
 use std::path::Path;
 use std::process::Output;
 
@@ -20,19 +22,6 @@ fn gemtune_in(dir: &Path, args: &[&str]) -> Output {
 
 fn gemtune(args: &[&str]) -> Output {
     gemtune_in(&common::repo_root(), args)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn log(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        text(&o.stdout),
-        text(&o.stderr)
-    )
 }
 
 fn require_nvrtc() {

@@ -2,15 +2,13 @@
 
 mod common;
 
+use common::text;
+
 use std::path::Path;
 use std::process::Output;
 
 fn gemtune(args: &[&str]) -> Output {
     common::gemtune().args(args).output().expect("run gemtune")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn synth_tiny(dir: &Path, wtype: &str) -> String {

@@ -11,21 +11,10 @@
 
 mod common;
 
+use common::{log, text};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn log(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        text(&o.stdout),
-        text(&o.stderr)
-    )
-}
 
 /// `gemtune` with no visible GPU, its scratch and cache directories in
 /// `home` (so whatever it writes is found there).

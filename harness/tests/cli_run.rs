@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::text;
+
 use std::process::Output;
 
 fn gemtune(args: &[&str]) -> Output {
@@ -10,10 +12,6 @@ fn gemtune(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("spawn gemtune")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// The one stats line: `prefill: N tok, X tok/s | decode: M tok, Y tok/s`.

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 /// The binary cargo built, or `gemtune` from PATH when that path does not
 /// exist on this machine.
@@ -44,4 +45,19 @@ pub fn repo_root() -> PathBuf {
     } else {
         std::env::current_dir().expect("current directory")
     }
+}
+
+/// Bytes a child printed, as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A child's exit status and both streams, for assertion messages.
+pub fn log(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        text(&o.stdout),
+        text(&o.stderr)
+    )
 }
