@@ -25,7 +25,8 @@
 //!   super-blocks, the embed kernel's copy (no second one), when the
 //!   profile's `gemv.head` slot resolves to the Q6_K GEMV on GGUF blocks at
 //!   every row count (`forward_plan::head_type`); otherwise it reads its own
-//!   planes of the device type.
+//!   planes of the planned head type (`head_copy_type`: the table's device
+//!   type, or the type a profile's `head_convert` asks for).
 //! - `upload` puts a whole model on the device in the layouts the forward
 //!   plan reads (`ProjLayouts`); `forward_plan::model_bytes` is the same
 //!   sum computed from the model's shapes before any allocation (the fit
