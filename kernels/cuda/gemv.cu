@@ -307,6 +307,68 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     }
     return s;
 }
+
+// The same weights four at a time for a segment chosen at run time: seg
+// (0..7) is elements 4*seg .. 4*seg+3 of the low half (seg < 4) or
+// 16 + 4*(seg-4) .. of the high half. The word is selected, not indexed,
+// so the chunk stays in registers.
+DEVI void kq_weights4(const Chunk& ch, int seg, float (&wv)[4]) {
+#if WTYPE == Q4_K
+    const u32* h = nullptr;
+#else
+    const u32* h = ch.h;
+#endif
+    const int t = seg & 3;
+    const u32 w = t == 0 ? ch.w[0] : t == 1 ? ch.w[1] : t == 2 ? ch.w[2] : ch.w[3];
+    const u32 q = seg < 4 ? kq_lo(w, h, t) : kq_hi(w, h, t);
+#if WTYPE == Q6_K
+    const float d = seg < 4 ? ch.d : ch.d2;
+#endif
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+#if WTYPE == Q6_K
+        wv[b] = d * kq_f6(q, b);
+#else
+        wv[b] = fmaf(kq_f(q, b), ch.d, -ch.d2);
+#endif
+    }
+}
+
+// acc[m][r][t] += the group's dot with each of NT (5..8) tokens. With the
+// token-major order of chunk_dot the compiler hoists all NT x 8 activation
+// loads of a group (one group's activations per token) next to the k-quant
+// chunk state (second scale, high-bit words) and spills under newer NVRTC
+// releases. Here a loop unrolled twice walks the eight segments: per
+// iteration eight weights per row and two 16-byte activation loads per
+// token are live.
+template <int NT>
+DEVI void kq_group_fma(const Chunk (&ch)[NMAT][ROWS], const float* __restrict__ x, int k, int e,
+                       float (&acc)[NMAT][ROWS][NT]) {
+#pragma unroll 2
+    for (int seg = 0; seg < 8; ++seg) {
+        float wv[NMAT][ROWS][4];
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) kq_weights4(ch[m][r], seg, wv[m][r]);
+        const int off = e + (seg >> 2) * 16 + (seg & 3) * 4;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float4 xv = __ldg(reinterpret_cast<const float4*>(x + (u64)t * k + off));
+#pragma unroll
+            for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    float a = acc[m][r][t];
+                    a = fmaf(wv[m][r][0], xv.x, a);
+                    a = fmaf(wv[m][r][1], xv.y, a);
+                    a = fmaf(wv[m][r][2], xv.z, a);
+                    a = fmaf(wv[m][r][3], xv.w, a);
+                    acc[m][r][t] = a;
+                }
+        }
+    }
+}
 #elif WTYPE == Q6_K
 // sum_i w_i * x_i over the chunk: the two 16-element scale groups summed
 // apart, then scaled.
@@ -462,6 +524,12 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
             const int c = c0 + u * step;
             if (c < nchunks) {
                 const int e = c * CHUNK;
+#if ALGO == 0 && KQ
+                if constexpr (NT > 4) {
+                    kq_group_fma<NT>(ch[u], x, k, e, acc);
+                    continue;
+                }
+#endif
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
 #pragma unroll

@@ -145,11 +145,14 @@ impl Family for Gemv {
         let warps = int_range(d, "WARPS", 1, 32)?;
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
         let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
-        if wt == WType::Q5K && algo == 1 && rows * unroll >= 16 {
-            // 7 live words per Q5_K chunk (nibbles, high word, two scales)
-            // times 16 chunks in flight, next to 8 x 8 accumulators.
+        let kquant = matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K);
+        if kquant && algo == 1 && rows * unroll >= 16 {
+            // A k-quant chunk keeps 6 (Q4_K), 7 (Q5_K) or 8 (Q6_K) words
+            // live (nibbles, two scales, high-bit words); 16 chunks in
+            // flight next to 8 x 8 accumulators pass the 255 registers.
             return Err(format!(
-                "Q5_K on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spilled on sm_80 and sm_89); at most 8",
+                "{} on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spills on sm_80, sm_89 and sm_90); at most 8",
+                wt.define(),
                 rows * unroll
             ));
         }
@@ -439,6 +442,21 @@ mod tests {
                 b.weight_bytes(wt, 1000, 2560),
                 (1000 * 1280, 1000 * 10 * side)
             );
+        }
+        // dp4a keeps at most 8 k-quant chunks in flight per lane; the f32
+        // path walks the segments of 5..8 tokens in a loop and takes any.
+        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let p = Problem::matmul(8, 1000, 2560, ty);
+            let d = f.default_defines(ty);
+            let wide = set(&d, &[("LAYOUT", 1), ("ROWS", 8), ("UNROLL", 2)]);
+            let e = f
+                .validate(&set(&wide, &[("ALGO", 1)]), &p, &lim)
+                .expect_err("16 chunks in flight on dp4a");
+            assert!(e.contains("ROWS x UNROLL = 16"), "{e}");
+            f.validate(&set(&wide, &[("ALGO", 1), ("UNROLL", 1)]), &p, &lim)
+                .expect("8 chunks in flight on dp4a");
+            f.validate(&set(&wide, &[("ALGO", 0)]), &p, &lim)
+                .expect("the f32 path");
         }
         for ty in [GgmlType::F16, GgmlType::Bf16] {
             let d = f.default_defines(ty);
