@@ -10,6 +10,7 @@
 //! - `cpu`: the CPU reference forward pass and its KV cache.
 //! - `tuned`: tuned tables (per-shape kernel winners) as the engine reads them.
 //! - `step_bytes`: the bytes one decode step must move (bench's floor).
+//! - `work`: the rows and FLOPs of a forward pass (bench's GFLOP per token).
 
 pub mod config;
 pub mod cpu;
@@ -26,3 +27,4 @@ pub mod step_bytes;
 pub mod synth;
 pub mod tokenizer;
 pub mod tuned;
+pub mod work;

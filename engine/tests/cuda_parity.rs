@@ -105,6 +105,7 @@ fn cpu(model: &Model, max_seq: usize) -> CpuEngine<'_> {
         CpuOptions {
             max_seq,
             max_batch: 64,
+            ..Default::default()
         },
     )
     .expect("cpu engine")
@@ -646,4 +647,48 @@ fn cublas_prefill_places_the_mixed_qkv_runs() {
     );
     assert!(a.worst_rms < 5e-2, "worst row rms_rel {:.3e}", a.worst_rms);
     assert!(a.top1 >= 0.98, "top-1 agreement {:.4}", a.top1);
+}
+
+/// `RowWork::Full` on the GPU: every layer over every prompt row, chunked,
+/// the last row's logits. Under `strict` they match the CPU engine's (the
+/// CPU's trimmed and full logits are the same bits, `forward_cpu.rs`), and
+/// the GPU's own trimmed pass agrees with its full pass within the strict
+/// bar (the trimmed layers run the one-row bucket's kernels there).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn full_work_prefill_matches_the_cpu_engine_under_strict() {
+    use gemtune_engine::work::RowWork;
+    for (name, m) in [("tiny", tiny()), ("e2b", e2b_shaped())] {
+        let toks = prompt(&m, 200, 5);
+        let lc = cpu(&m, 256)
+            .forward(&toks, LogitRows::Last)
+            .expect("cpu prefill");
+        let run = |row_work: RowWork| {
+            let mut o = CudaOptions::new(Profile::load("strict").expect("profile"));
+            o.max_seq = 256;
+            o.ubatch = 64;
+            o.row_work = row_work;
+            let mut g = CudaEngine::new(&m, o)
+                .unwrap_or_else(|e| panic!("this test needs a CUDA GPU and NVRTC: {e}"));
+            g.forward(&toks, LogitRows::Last).expect("gpu prefill")
+        };
+        let full = run(RowWork::Full);
+        let trimmed = run(RowWork::Trimmed);
+        let a = agreement(&full, &lc);
+        let t = agreement(&trimmed, &full);
+        eprintln!(
+            "{name} full work vs cpu: rms_rel {:.3e}; trimmed vs full: {:.3e}",
+            a.worst_rms, t.worst_rms
+        );
+        assert!(
+            a.worst_rms < 1e-4,
+            "{name}: full vs cpu {:.3e}",
+            a.worst_rms
+        );
+        assert!(
+            t.worst_rms < 1e-4,
+            "{name}: trimmed vs full {:.3e}",
+            t.worst_rms
+        );
+    }
 }

@@ -22,6 +22,7 @@ fn greedy(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
         CpuOptions {
             max_seq: prompt.len() + n + 1,
             max_batch: 64,
+            ..Default::default()
         },
     )
     .expect("engine");

@@ -38,6 +38,7 @@ fn engine(mb: usize) -> CpuEngine<'static> {
         CpuOptions {
             max_seq: 64,
             max_batch: mb,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -497,6 +498,7 @@ fn bad_input_is_rejected_before_any_state_changes() {
         CpuOptions {
             max_seq: 16,
             max_batch: 4,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -533,6 +535,7 @@ fn bad_input_is_rejected_before_any_state_changes() {
         CpuOptions {
             max_seq: 1 << 20,
             max_batch: 4,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -714,6 +717,7 @@ fn engine_matches_a_plain_oracle_forward() {
             CpuOptions {
                 max_seq: 32,
                 max_batch: mb,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -738,6 +742,7 @@ fn prefill_equals_decodes_for_every_weight_type() {
         let opts = |mb| CpuOptions {
             max_seq: 64,
             max_batch: mb,
+            ..Default::default()
         };
         let mut whole = CpuEngine::new(&model, opts(64)).unwrap();
         let a = whole.forward(&toks, LogitRows::All).unwrap();
@@ -748,5 +753,47 @@ fn prefill_equals_decodes_for_every_weight_type() {
             rows.extend_from_slice(l.last().unwrap());
         }
         assert_same(&a.data, &rows, &format!("{w:?}: prefill vs decodes"));
+    }
+}
+
+/// `RowWork::Full` runs every layer over every prompt row and the default
+/// runs the layers from the first KV-shared one over the wanted row only;
+/// both match `work::forward_work`, and the wanted logits are the same bits
+/// (every stage is row-independent, so the trimmed rows change nothing the
+/// kept row computes).
+#[test]
+fn full_work_runs_every_row_and_changes_no_logit() {
+    use gemtune_engine::work::{forward_work, RowWork};
+    let m = tiny();
+    let cfg = m.config();
+    let from = cfg.compact_from();
+    assert!(from < cfg.n_layers, "tiny shares KV from layer {from}");
+    let toks = tokens(37, 11);
+    let run = |row_work: RowWork| {
+        let mut e = CpuEngine::new(
+            m,
+            CpuOptions {
+                max_seq: 64,
+                max_batch: 16,
+                row_work,
+            },
+        )
+        .unwrap();
+        let l = e.forward(&toks, LogitRows::Last).unwrap();
+        (l, e.rows_run().clone())
+    };
+    let (trim_logits, trim_rows) = run(RowWork::Trimmed);
+    let (full_logits, full_rows) = run(RowWork::Full);
+    assert_eq!(trim_logits.data, full_logits.data);
+    for (rw, rows) in [(RowWork::Trimmed, &trim_rows), (RowWork::Full, &full_rows)] {
+        let w = forward_work(cfg, 0, toks.len(), 16, LogitRows::Last, rw);
+        assert_eq!(rows.layers, w.layer_rows, "{rw:?}");
+        assert_eq!(rows.head, w.head_rows, "{rw:?}");
+    }
+    // Chunks of 16, 16 and 5: the first two want no logits and stop at
+    // the trim; the last carries one row from there.
+    for (l, (&t, &f)) in trim_rows.layers.iter().zip(&full_rows.layers).enumerate() {
+        assert_eq!(f, 37, "layer {l} under full work");
+        assert_eq!(t, if l < from { 37 } else { 1 }, "layer {l} trimmed");
     }
 }

@@ -264,6 +264,7 @@ fn the_cpu_engine_reads_the_file_bytes_and_an_f32_cache() {
         gemtune_engine::cpu::CpuOptions {
             max_seq: 64,
             max_batch: 8,
+            ..Default::default()
         },
     )
     .expect("cpu engine");

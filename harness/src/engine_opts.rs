@@ -15,6 +15,7 @@ use gemtune_engine::engine::{Engine, PhaseTimes};
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;
 use gemtune_engine::tuned::TunedFile;
+use gemtune_engine::work::RowWork;
 use gemtune_kernels::family::KvType;
 
 /// Which forward implementation runs the model.
@@ -64,11 +65,24 @@ pub struct CudaArgs {
     /// CUDA device ordinal (default 0); must exist on every backend.
     #[arg(long, value_parser = crate::cli::count)]
     pub device: Option<usize>,
+    /// Run every layer over every prompt row. By default the layers from the
+    /// first one that writes no KV cache (the KV-shared layers of E2B/E4B)
+    /// carry only the rows whose logits are wanted, which is exact; this is
+    /// the work of engines without that trim, for equal-work comparisons.
+    #[arg(long)]
+    pub full_work: bool,
 }
 
 impl CudaArgs {
     pub fn device(&self) -> usize {
         self.device.unwrap_or(0)
+    }
+    pub fn row_work(&self) -> RowWork {
+        if self.full_work {
+            RowWork::Full
+        } else {
+            RowWork::Trimmed
+        }
     }
 }
 
@@ -139,6 +153,7 @@ pub fn build_engine<'m>(
                 CpuOptions {
                     max_seq,
                     max_batch: cpu_batch.max(1),
+                    row_work: cuda.row_work(),
                 },
             )?))
         }
@@ -150,6 +165,7 @@ pub fn build_engine<'m>(
             o.graph = !cuda.no_graph;
             o.phases = cuda.profile_phases;
             o.device = cuda.device();
+            o.row_work = cuda.row_work();
             o.tuned = tuned;
             Ok(Box::new(CudaEngine::new(model, o)?))
         }

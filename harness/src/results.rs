@@ -217,7 +217,7 @@ pub fn read_csv<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec
 /// Schema of `bench.csv` (`BenchRow`), `ab`'s `results.csv` (`AbRow`) and
 /// `compile.csv` (`CompileRow`): each kind has its own version, bumped when
 /// one of its columns is added, removed or changes meaning.
-pub const BENCH_SCHEMA_VERSION: u32 = 2;
+pub const BENCH_SCHEMA_VERSION: u32 = 3;
 pub const AB_SCHEMA_VERSION: u32 = 1;
 pub const COMPILE_SCHEMA_VERSION: u32 = 1;
 
@@ -254,6 +254,8 @@ pub struct BenchRow {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub depth: usize,
+    /// Tokens per forward chunk the engine ran (`--ubatch`, capped at the
+    /// positions the bench needs).
     pub ubatch: usize,
     pub reps: usize,
     /// Tokens per second over the reps: mean, sample standard deviation,
@@ -285,6 +287,18 @@ pub struct BenchRow {
     /// ms), percent: the share of the memory floor the decode reaches.
     #[serde(default)]
     pub floor_pct: Option<f64>,
+    /// Schema 3: the rows the layers after the last KV-writing layer ran:
+    /// "trimmed" (only those whose logits are wanted, the default) or
+    /// "full" (`--full-work`: every layer over every row). Empty in older
+    /// files.
+    #[serde(default)]
+    pub row_work: String,
+    /// Schema 3: GFLOP per token the engine computed for this test
+    /// (`gemtune_engine::work`: weight matmuls of the rows each layer ran,
+    /// attention over the keys each query sees, the head for the wanted
+    /// rows), so t/s of engines that did different work can be compared.
+    #[serde(default)]
+    pub gflop_per_token: Option<f64>,
 }
 
 /// The `test` name of a bench or ab row: "pp512", "tg128", "pp4096@d4096".

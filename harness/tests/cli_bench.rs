@@ -94,7 +94,11 @@ fn cpu_tg_rows_carry_the_step_bytes_and_no_floor_without_a_rate() {
     assert_eq!((tg.hbm_gbps, tg.floor_ms, tg.floor_pct), (None, None, None));
     // Empty CSV fields, not a made-up number.
     let tg_line = out.lines().nth(2).unwrap_or("");
-    assert!(tg_line.ends_with(",,,"), "no floor on the CPU: {tg_line}");
+    let fields: Vec<&str> = tg_line.split(',').collect();
+    for c in ["hbm_gbps", "floor_ms", "floor_pct"] {
+        let i = header.split(',').position(|h| h == c).expect("column");
+        assert_eq!(fields.get(i), Some(&""), "no {c} on the CPU: {tg_line}");
+    }
 
     // A rate given: the floor follows from the bytes and the row's speed.
     let o = bench(&["-o", "csv", "--hbm-gbps", "50"]);
@@ -112,12 +116,74 @@ fn cpu_tg_rows_carry_the_step_bytes_and_no_floor_without_a_rate() {
     let o = bench(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", log(&o));
     let md = text(&o.stdout);
-    assert!(md.contains("| step MB | floor ms | floor % |"), "{md}");
+    assert!(
+        md.contains("| ubatch | t/s | GFLOP/t | TFLOP/s | step MB | floor ms | floor % |"),
+        "{md}"
+    );
     let pp_line = md.lines().find(|l| l.contains("| pp8")).unwrap_or("");
     assert!(pp_line.ends_with("| - | - | - |"), "{pp_line}");
     let tg_line = md.lines().find(|l| l.contains("| tg3")).unwrap_or("");
     assert!(tg_line.ends_with("| - | - |"), "{tg_line}");
     assert!(!tg_line.ends_with("| - | - | - |"), "{tg_line}");
+}
+
+/// Every row states the work it measured: the ubatch the engine ran and
+/// the GFLOP per token of `work::forward_work` for that test; `--full-work`
+/// runs every layer over every row (rows labelled `full`), which on the
+/// tiny model (KV-shared layers 4 and 5) is more work per prompt token
+/// and the same per decode step.
+#[test]
+fn cpu_rows_state_their_work_and_full_work_runs_every_row() {
+    use gemtune_engine::forward::LogitRows;
+    use gemtune_engine::work::{forward_work, RowWork};
+    let d = tempfile::tempdir().unwrap();
+    let model = synth_tiny(d.path());
+    let bench = |extra: &[&str]| {
+        let o = gemtune_in(d.path())
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .args(["bench", "-m", &model, "-p", "24", "-n", "2", "-d", "5"])
+            .args(["-r", "1", "--ubatch", "8", "--backend", "cpu"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", log(&o));
+        o
+    };
+    let m = Model::load(&model).unwrap();
+    let cfg = m.config();
+    let trimmed = rows(&bench(&["-o", "csv"]));
+    let full = rows(&bench(&["-o", "csv", "--full-work"]));
+    for (r, rw) in [(&trimmed, RowWork::Trimmed), (&full, RowWork::Full)] {
+        let (pp, tg) = (&r[0], &r[1]);
+        assert_eq!((pp.ubatch, tg.ubatch), (8, 8));
+        assert_eq!(
+            (pp.row_work.as_str(), tg.row_work.as_str()),
+            (rw.name(), rw.name())
+        );
+        let want = forward_work(cfg, 5, 24, 8, LogitRows::Last, rw).gflop_per_token(24);
+        assert_eq!(pp.gflop_per_token, Some(want), "{rw:?}");
+        let step = |p| forward_work(cfg, p, 1, 8, LogitRows::Last, rw).total_flop();
+        let want_tg = (step(5) + step(6)) / 1e9 / 2.0;
+        assert_eq!(tg.gflop_per_token, Some(want_tg), "{rw:?}");
+    }
+    assert_eq!(
+        (trimmed[0].test.as_str(), full[0].test.as_str()),
+        ("pp24 @ d5", "pp24 @ d5 full")
+    );
+    let (t, f) = (
+        trimmed[0].gflop_per_token.unwrap(),
+        full[0].gflop_per_token.unwrap(),
+    );
+    assert!(f > t * 1.05, "full work {f} vs trimmed {t} GFLOP/t");
+    assert_eq!(trimmed[1].gflop_per_token, full[1].gflop_per_token);
+    // The table names the trimmed layers.
+    let md = text(&bench(&[]).stdout);
+    assert!(
+        md.contains("Layers 4..5 (no KV cache written) ran only the rows"),
+        "{md}"
+    );
+    let md = text(&bench(&["--full-work"]).stdout);
+    assert!(!md.contains("ran only the rows"), "{md}");
 }
 
 #[test]

@@ -42,6 +42,7 @@ use crate::config::AttnKind;
 use crate::forward::{forward_in_chunks, Chunk, ForwardError, LogitRows, Logits, SeqState};
 use crate::model::{MatRef, Model};
 use crate::rope::RopeFreqs;
+use crate::work::RowWork;
 
 /// Sizing of an engine's cache and buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +51,8 @@ pub struct CpuOptions {
     pub max_seq: usize,
     /// Most tokens per internal batch; longer inputs are cut into batches.
     pub max_batch: usize,
+    /// The rows the layers after the last cache-writing layer run.
+    pub row_work: RowWork,
 }
 
 impl Default for CpuOptions {
@@ -57,6 +60,7 @@ impl Default for CpuOptions {
         CpuOptions {
             max_seq: 4096,
             max_batch: 128,
+            row_work: RowWork::Trimmed,
         }
     }
 }
@@ -150,6 +154,13 @@ struct Scratch {
     keep: Vec<usize>,
 }
 
+/// Rows each decoder layer ran and rows the head ran.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowsRun {
+    pub layers: Vec<u64>,
+    pub head: u64,
+}
+
 /// A CPU inference session: one sequence, its KV cache and buffers.
 pub struct CpuEngine<'m> {
     model: &'m Model,
@@ -160,8 +171,12 @@ pub struct CpuEngine<'m> {
     s: Scratch,
     rope_swa: RopeFreqs,
     rope_full: RopeFreqs,
-    /// First layer from which no layer writes a cache.
+    /// First layer that carries only the rows whose logits are wanted
+    /// (`RowWork::compact_from`).
     compact_at: usize,
+    /// Rows each layer ran since the engine was made or reset, and rows
+    /// the head ran: what tests hold `work::forward_work` to.
+    rows_run: RowsRun,
     trace: Option<Trace>,
 }
 
@@ -199,7 +214,7 @@ impl<'m> CpuEngine<'m> {
                 }
             }
         }
-        let compact_at = cfg.compact_from();
+        let compact_at = opts.row_work.compact_from(cfg);
 
         let w = cfg.act_widths();
         let (d, qmax, kvmax, ffmax, lp) = (w.d, w.q, w.kv, w.ffn, w.ple_all);
@@ -237,6 +252,10 @@ impl<'m> CpuEngine<'m> {
             rope_swa,
             rope_full,
             compact_at,
+            rows_run: RowsRun {
+                layers: vec![0; cfg.n_layers],
+                head: 0,
+            },
             trace: None,
         })
     }
@@ -261,10 +280,13 @@ impl<'m> CpuEngine<'m> {
     pub fn cache_mut(&mut self) -> &mut KvCache {
         &mut self.cache
     }
-    /// Start a new sequence (keeps buffers; clears the trace if enabled).
+    /// Start a new sequence (keeps buffers; clears the trace if enabled
+    /// and the rows run).
     pub fn reset(&mut self) {
         self.cache.clear();
         self.pos = 0;
+        self.rows_run.layers.fill(0);
+        self.rows_run.head = 0;
         if self.trace.is_some() {
             self.enable_trace();
         }
@@ -272,6 +294,10 @@ impl<'m> CpuEngine<'m> {
     /// Record every layer's activations from now on (costs copies).
     pub fn enable_trace(&mut self) {
         self.trace = Some(Trace::new(self.model.config()));
+    }
+    /// Rows each layer and the head ran since the engine was made or reset.
+    pub fn rows_run(&self) -> &RowsRun {
+        &self.rows_run
     }
     pub fn trace(&self) -> Option<&Trace> {
         self.trace.as_ref()
@@ -305,6 +331,7 @@ impl<'m> CpuEngine<'m> {
         let k = self.s.keep.len();
         if k > 0 {
             self.head(k, out)?;
+            self.rows_run.head += k as u64;
         }
         self.pos += chunk.tokens.len();
         Ok(())
@@ -349,6 +376,7 @@ impl<'m> CpuEngine<'m> {
             rope_full,
             trace,
             compact_at,
+            rows_run,
             ..
         } = self;
         rope_tables(s, rope_swa, rope_full, pos0, nt);
@@ -371,6 +399,7 @@ impl<'m> CpuEngine<'m> {
             if s.active.is_empty() {
                 break;
             }
+            rows_run.layers[l] += s.active.len() as u64;
             s.qpos.clear();
             s.qpos.extend(s.active.iter().map(|&t| pos0 + t));
             attention_block(m, s, cache, trace.as_mut(), l, lc, lw, half(lc.kind))?;

@@ -15,5 +15,5 @@ pub mod matmul;
 pub mod ops;
 pub mod rope;
 
-pub use forward::{CpuEngine, CpuOptions, LayerTrace, Trace};
+pub use forward::{CpuEngine, CpuOptions, LayerTrace, RowsRun, Trace};
 pub use kv_cache::{KvCache, LayerKv};

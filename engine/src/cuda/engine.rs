@@ -24,6 +24,7 @@ use crate::engine::EngineError;
 use crate::model::Model;
 use crate::profile::Profile;
 use crate::tuned::TunedFile;
+use crate::work::RowWork;
 
 /// The committed tuned tables, by architecture.
 pub const BUILTIN_TUNED: &[(&str, &str)] =
@@ -54,6 +55,8 @@ pub struct CudaOptions {
     /// Measure GPU time per phase with events.
     pub phases: bool,
     pub device: usize,
+    /// The rows the layers after the last cache-writing layer run.
+    pub row_work: RowWork,
 }
 
 impl CudaOptions {
@@ -67,6 +70,7 @@ impl CudaOptions {
             graph: true,
             phases: false,
             device: 0,
+            row_work: RowWork::Trimmed,
         }
     }
 }
@@ -165,7 +169,8 @@ impl<'m> CudaEngine<'m> {
         };
         let planner = Planner::new(opts.profile.clone(), tuned, limits);
         let dims = ModelDims::of_model(model, &planner);
-        let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
+        let mut plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
+        plan.set_row_work(cfg, opts.row_work);
         let step_reads = super::step_reads::of_plan(&plan, cfg, &dims).ok_or_else(|| {
             EngineError::Device("the plan has no one-row decode bucket with a head".into())
         })?;

@@ -40,6 +40,7 @@ use super::slots::{Proj, Slot, GEMV_MAX_ROWS};
 use super::weights::{self, ProjLayouts};
 use crate::config::{AttnKind, Gemma4Config};
 use crate::model::{MatRef, Model};
+use crate::work::RowWork;
 
 /// The sizes an engine is built for; they travel together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -621,7 +622,9 @@ pub struct ForwardPlan {
     pub layouts: ProjLayouts,
     /// Some slot is served by cuBLAS.
     pub uses_vendor: bool,
-    /// `Gemma4Config::compact_from`.
+    /// The first layer that carries only the rows whose logits are
+    /// wanted: `Gemma4Config::compact_from`, or `n_layers` after
+    /// `set_row_work(RowWork::Full)`.
     pub compact_from: usize,
     pub profile: String,
     /// Slot resolutions the planner made while building this plan.
@@ -1157,6 +1160,14 @@ impl ForwardPlan {
             profile: planner.profile.name.clone(),
             lookups: planner.lookups() - before,
         })
+    }
+
+    /// Sets the first layer that carries only the wanted rows: the
+    /// model's (`Gemma4Config::compact_from`, what `resolve` plans) or
+    /// none under `RowWork::Full`. Both run on the planned buckets: the
+    /// trimmed layers on the one-row bucket, or on the chunk's.
+    pub fn set_row_work(&mut self, cfg: &Gemma4Config, row_work: RowWork) {
+        self.compact_from = row_work.compact_from(cfg);
     }
 
     /// The bucket a chunk of `rows` rows runs (`rows` >= 1 and at most

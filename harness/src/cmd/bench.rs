@@ -15,6 +15,12 @@
 //!   `kernels::timing::measure_ceilings`, or `--hbm-gbps`), and the share
 //!   of that floor the measured step reaches (`floor_pct`). The CPU rows
 //!   get no floor unless `--hbm-gbps` names a rate.
+//! - Every row states its work: the ubatch (tokens per forward chunk) and
+//!   the GFLOP per token the engine computed (`gemtune_engine::work`). By
+//!   default the layers that write no KV cache (E2B/E4B's shared layers)
+//!   run only the rows whose logits are wanted, which is exact;
+//!   `--full-work` runs every layer over every row, the work of engines
+//!   without that trim (its rows are labelled `full`).
 //! - `--profile-phases` runs each test once more after its timed reps, with
 //!   GPU time per phase measured: prefill eagerly, decode through a timed
 //!   copy of the decode graph (`engine::cuda::phases`); the tg table adds
@@ -31,10 +37,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use gemtune::results::BenchRow;
+use gemtune_engine::config::Gemma4Config;
 use gemtune_engine::engine::{Engine, PhaseTimes};
 use gemtune_engine::forward::LogitRows;
 use gemtune_engine::model::Model;
 use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
+use gemtune_engine::work::{forward_work, RowWork};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -301,12 +309,16 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
     let reads = engine.step_reads();
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
+    let row_work = args.cuda.row_work();
     for (name, p, g) in &tests {
-        let label = if args.depth > 0 {
+        let mut label = if args.depth > 0 {
             format!("{name} @ d{}", args.depth)
         } else {
             name.clone()
         };
+        if row_work == RowWork::Full {
+            label.push_str(" full");
+        }
         eprintln!("bench: {label}: warm-up");
         run_once(engine.as_mut(), &mut rng, *p, *g, args.depth)?;
         let mut tps = Vec::new();
@@ -334,6 +346,7 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
             .then(|| reads.map(|r| r.mean_step(model.config(), args.depth, *g)))
             .flatten();
         let floor_ms = step.zip(hbm).map(|(s, gbps)| s.floor_ms(gbps));
+        let gflop = test_gflop_per_token(model.config(), *p, *g, args.depth, ubatch, row_work);
         results.push(BenchRow {
             schema_version: gemtune::results::BENCH_SCHEMA_VERSION,
             kind: gemtune::results::KIND_BENCH.into(),
@@ -348,7 +361,7 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
             n_prompt: *p,
             n_gen: *g,
             depth: args.depth,
-            ubatch: args.ubatch as usize,
+            ubatch,
             reps: tps.len(),
             tps_mean: m,
             tps_sd: sd,
@@ -365,6 +378,8 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
             floor_ms,
             // The step takes 1000 / m ms.
             floor_pct: floor_ms.map(|f| f * m / 10.0),
+            row_work: row_work.name().into(),
+            gflop_per_token: Some(gflop),
         });
     }
     let mut out = std::io::stdout().lock();
@@ -372,17 +387,17 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         Output::Md => {
             writeln!(
                 out,
-                "| model | size | params | backend | profile | gpu | test | t/s | step MB | floor ms | floor % |"
+                "| model | size | params | backend | profile | gpu | test | ubatch | t/s | GFLOP/t | TFLOP/s | step MB | floor ms | floor % |"
             )?;
             writeln!(
                 out,
-                "| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"
+                "| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
             )?;
             let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
             for r in &results {
                 writeln!(
                     out,
-                    "| {} {} | {:.2} GiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} |",
+                    "| {} {} | {:.2} GiB | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} | {} | {} |",
                     r.model,
                     r.wtype,
                     r.model_bytes as f64 / (1u64 << 30) as f64,
@@ -391,13 +406,33 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
                     r.profile,
                     r.gpu,
                     r.test,
+                    r.ubatch,
                     r.tps_mean,
                     r.tps_sd,
+                    or_dash(r.gflop_per_token.map(|g| format!("{g:.2}"))),
+                    or_dash(r.gflop_per_token.map(|g| format!("{:.1}", g * r.tps_mean / 1e3))),
                     or_dash(r.step_bytes.map(|b| format!("{:.1}", b as f64 / 1e6))),
                     or_dash(r.floor_ms.map(|f| format!("{f:.4}"))),
                     or_dash(r.floor_pct.map(|f| format!("{f:.1}"))),
                 )?;
             }
+            let trimmed = results
+                .iter()
+                .any(|r| r.row_work == RowWork::Trimmed.name())
+                && model.config().compact_from() < model.config().n_layers;
+            writeln!(
+                out,
+                "\nGFLOP/t: the work the engine computed per token (weight matmuls of the rows each layer ran, attention over the keys each query sees, the head for the wanted rows); TFLOP/s: that work at the measured rate.{}",
+                if trimmed {
+                    format!(
+                        " Layers {}..{} (no KV cache written) ran only the rows whose logits are wanted; --full-work runs every row, as engines without that trim do.",
+                        model.config().compact_from(),
+                        model.config().n_layers - 1
+                    )
+                } else {
+                    String::new()
+                }
+            )?;
             if let Some(g) = results.iter().find_map(|r| r.hbm_gbps) {
                 writeln!(
                     out,
@@ -418,6 +453,27 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         }
     }
     Ok(Exit::Pass)
+}
+
+/// GFLOP per token of a test as the engine runs it (`work::forward_work`):
+/// a pp test's prompt from `depth` in chunks of `ubatch`, the last row's
+/// logits wanted; a tg test's steps from `depth`, one token each.
+fn test_gflop_per_token(
+    cfg: &Gemma4Config,
+    n_prompt: usize,
+    n_gen: usize,
+    depth: usize,
+    ubatch: usize,
+    row_work: RowWork,
+) -> f64 {
+    if n_prompt > 0 {
+        return forward_work(cfg, depth, n_prompt, ubatch, LogitRows::Last, row_work)
+            .gflop_per_token(n_prompt);
+    }
+    let total: f64 = (0..n_gen)
+        .map(|i| forward_work(cfg, depth + i, 1, ubatch, LogitRows::Last, row_work).total_flop())
+        .sum();
+    total / 1e9 / n_gen.max(1) as f64
 }
 
 /// The memory rate of the tg rows' floor, GB/s: `--hbm-gbps`, else the

@@ -196,6 +196,7 @@ fn cpu_demo(a: &Args) -> anyhow::Result<Exit> {
             profile_phases: false,
             tuned: None,
             device: None,
+            full_work: false,
         },
     })?;
     eprintln!(
