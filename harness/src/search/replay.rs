@@ -125,8 +125,10 @@ pub struct Run {
     pub evals: usize,
 }
 
-/// Every strategy on every group, seeds `0..seeds` (exhaustive once: its
-/// order has no seed).
+/// Every strategy on every group, run seeds `0..seeds`, each mixed with
+/// the group's label by `unit_seed` as tune mixes its `--seed` (so the
+/// groups do not share one random order); exhaustive once, its order has
+/// no seed.
 pub fn replay_all(
     groups: &[Group],
     strategies: &[StrategyKind],
@@ -142,7 +144,7 @@ pub fn replay_all(
                     group: gi,
                     strategy: kind,
                     seed,
-                    evals: evals_to_target(g, kind, seed, tolerance)?,
+                    evals: evals_to_target(g, kind, super::unit_seed(seed, &g.label()), tolerance)?,
                 });
             }
         }

@@ -27,6 +27,41 @@ fn attn_like() -> Space {
     ])
 }
 
+/// A union of two sweeps over different axes, as a family with two
+/// `[[sweep]]`s gives: a string define, and defines one sweep leaves unset.
+fn union_like() -> Space {
+    use gemtune_kernels::defines::DefineValue::{Int, Str};
+    let mut pts = Vec::new();
+    for x in [1, 2, 4, 8] {
+        for y in [1, 2, 4] {
+            for u in [1, 2] {
+                let d = [
+                    ("BASE", Str("a".into())),
+                    ("X", Int(x)),
+                    ("Y", Int(y)),
+                    ("U", Int(u)),
+                ];
+                pts.push((
+                    format!("a+X={x},Y={y},U={u}"),
+                    d.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                ));
+            }
+        }
+    }
+    for x in [1, 8, 16] {
+        for z in [0, 1] {
+            let d = [("BASE", Str("b".into())), ("X", Int(x)), ("Z", Int(z))];
+            pts.push((
+                format!("b+X={x},Z={z}"),
+                d.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            ));
+        }
+    }
+    let s = Space::from_defines(&pts);
+    assert_eq!(s.len(), 30);
+    s
+}
+
 /// A smooth objective with one known optimum: a time of 10 us at `opt`
 /// (one rank per dimension, in the space's dimension order) growing
 /// multiplicatively with the squared rank distance, each dimension with
@@ -205,7 +240,7 @@ fn strategies_are_deterministic_under_a_seed_and_differ_across_seeds() {
 
 #[test]
 fn no_strategy_evaluates_a_point_twice_and_an_unlimited_search_covers_the_space() {
-    for space in [gemv_like(), attn_like()] {
+    for space in [gemv_like(), union_like()] {
         let truth = smooth(
             &space,
             &vec![1; space.dims().len()],
@@ -274,13 +309,15 @@ fn model_based_and_evolutionary_beat_random_on_a_smooth_objective() {
 }
 
 #[test]
-fn bayes_beats_random_on_a_noisy_objective() {
+fn bayes_and_evolutionary_beat_random_on_a_noisy_objective() {
     let space = attn_like();
     let truth = smooth(&space, &[1, 2, 1, 2, 0], &[1.0, 1.5, 0.5, 2.0, 1.0]);
     let seeds = 16;
     let random = mean_evals(&space, &truth, StrategyKind::Random, seeds, 0.03);
+    let evo = mean_evals(&space, &truth, StrategyKind::Evolutionary, seeds, 0.03);
     let bayes = mean_evals(&space, &truth, StrategyKind::Bayes, seeds, 0.03);
     assert!(bayes <= 0.5 * random, "bayes {bayes} vs random {random}");
+    assert!(evo <= 0.6 * random, "evolutionary {evo} vs random {random}");
 }
 
 #[test]
@@ -326,4 +363,149 @@ fn space_drops_constant_defines_and_maps_children_onto_listed_points() {
     assert_eq!(s.features(2), &[0.5]);
     assert_eq!(s.find(&[1]), Some(2));
     assert_eq!(s.int_value(1, "X"), Some(4));
+}
+
+/// The family's `validate` runs when the space is built: on a shape where
+/// it rejects cells, no strategy ever hands one to the evaluator (which
+/// stands for compile + check + time and counts both).
+#[test]
+fn restrictions_are_applied_before_any_compile_or_evaluation() {
+    use crate::spec;
+    use gemtune_kernels::defines::canonical;
+    let vdir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../variants");
+    let (s, family) = spec::load_family(&vdir, "gemv").expect("gemv spec");
+    let points = spec::expand(&s);
+    let shapes = spec::ShapesFile::parse(
+        "t.toml",
+        "[shapes]\nq6 = { m = 2, n = 64, k = 256, wtype = \"Q6_K\" }\n",
+    )
+    .expect("shape")
+    .expand();
+    let lim = gemtune_kernels::family::DeviceLimits::for_arch(gemtune_kernels::compile::Arch(90));
+    let ss = cells::shape_space(family, &points, &shapes[0], &lim);
+    let live = points.iter().filter(|p| p.duplicate_of.is_none()).count();
+    assert_eq!(ss.accepted.len() + ss.rejected.len(), live);
+    assert!(
+        !ss.rejected.is_empty() && !ss.accepted.is_empty(),
+        "Q6_K rejects some gemv points, not all"
+    );
+    assert_eq!(ss.space.len(), ss.accepted.len());
+    let rejected: std::collections::BTreeSet<String> =
+        ss.rejected.iter().map(|c| canonical(&c.defines)).collect();
+    for kind in StrategyKind::ALL {
+        for budget in [
+            Budget::default(),
+            Budget {
+                max_evals: Some(4),
+                time_limit: None,
+            },
+        ] {
+            let mut compiled = std::collections::BTreeSet::new();
+            let mut evaluations = 0usize;
+            let mut st = kind.build(5);
+            let log = run(
+                &ss.space,
+                st.as_mut(),
+                budget,
+                &mut || Duration::ZERO,
+                |p| {
+                    let cell = &ss.accepted[p];
+                    let key = canonical(&cell.defines);
+                    assert!(
+                        !rejected.contains(&key),
+                        "{kind}: a rejected cell reached the evaluator"
+                    );
+                    assert!(family
+                        .validate(&cell.defines, &shapes[0].problem(), &lim)
+                        .is_ok());
+                    compiled.insert(key);
+                    evaluations += 1;
+                    Eval::Value(1.0 + p as f64)
+                },
+            )
+            .expect("valid");
+            let want = budget.max_evals.unwrap_or(ss.accepted.len());
+            assert_eq!(evaluations, want, "{kind}");
+            assert_eq!(
+                compiled.len(),
+                want,
+                "{kind}: one compile per evaluated cell"
+            );
+            assert_eq!(log.trials.len(), want, "{kind}");
+        }
+    }
+}
+
+fn row(
+    shape: &str,
+    regime: &str,
+    variant: &str,
+    defines: &str,
+    median: f64,
+) -> crate::results::TuneRow {
+    crate::results::TuneRow {
+        kind: crate::results::KIND_VARIANT.into(),
+        family: "f".into(),
+        variant: variant.into(),
+        defines: defines.into(),
+        shape: shape.into(),
+        regime: regime.into(),
+        verdict: crate::results::VERDICT_TIMED.into(),
+        median_us: median,
+        ..Default::default()
+    }
+}
+
+/// A replay groups rows by (family, shape, regime), keeps timed variant
+/// rows only, and counts evaluations up to the first point within the
+/// tolerance of the best.
+#[test]
+fn replay_groups_rows_and_counts_evaluations_to_the_target() {
+    let mut rows = Vec::new();
+    // 10 points; values 20, 19, ..., 11 except point 6 at 10.2 (within 3 %
+    // of the best, point 8 at 10.0).
+    for i in 0..10 {
+        let v = match i {
+            6 => 10.2,
+            8 => 10.0,
+            _ => 20.0 - i as f64,
+        };
+        rows.push(row(
+            "s",
+            "dram",
+            &format!("v{i}"),
+            &format!("A={i} WTYPE=Q8_0"),
+            v,
+        ));
+    }
+    rows.push(row("s", "l2", "v0", "A=0 WTYPE=Q8_0", 5.0));
+    let mut reference = row("s", "dram", "cublas", "", 1.0);
+    reference.kind = crate::results::KIND_REFERENCE.into();
+    rows.push(reference);
+    let mut failed = row("s", "dram", "v10", "A=10 WTYPE=Q8_0", f64::NAN);
+    failed.verdict = "error".into();
+    rows.push(failed);
+    let groups = replay::groups(&rows, 2);
+    assert_eq!(
+        groups.len(),
+        1,
+        "the l2 group has one point, below the minimum"
+    );
+    let g = &groups[0];
+    assert_eq!((g.space.len(), g.best()), (10, 10.0));
+    assert_eq!(g.space.dims().len(), 1, "WTYPE is constant");
+    // Exhaustive walks file order: point 6 is the first within 3 %.
+    assert_eq!(
+        replay::evals_to_target(g, StrategyKind::Exhaustive, 0, 0.03),
+        Ok(7)
+    );
+    // Within 1 %, only point 8 counts.
+    assert_eq!(
+        replay::evals_to_target(g, StrategyKind::Exhaustive, 0, 0.01),
+        Ok(9)
+    );
+    for kind in StrategyKind::ALL {
+        let e = replay::evals_to_target(g, kind, 3, 0.03).expect("valid");
+        assert!((1..=10).contains(&e), "{kind}: {e}");
+    }
 }
