@@ -98,7 +98,8 @@ fn nvrtc_str(v: (i32, i32)) -> String {
     format!("{}.{}", v.0, v.1)
 }
 
-fn base_row(job: &FamilyJob, p: &Point, s: &Shape, target: &str, d: &Defines) -> CheckRow {
+/// A check row of a cell with its identity filled in and no verdict yet.
+pub fn base_row(job: &FamilyJob, p: &Point, s: &Shape, target: &str, d: &Defines) -> CheckRow {
     CheckRow {
         schema_version: crate::results::SCHEMA_VERSION,
         family: job.family.name().to_string(),

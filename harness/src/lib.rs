@@ -15,6 +15,7 @@ pub mod report;
 pub mod results;
 pub mod roofline;
 pub mod scratch;
+pub mod search;
 pub mod spec;
 pub mod stats;
 pub mod tuned;

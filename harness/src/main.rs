@@ -46,6 +46,9 @@ enum Command {
     Check(cmd::check::Args),
     /// Check, then time kernel variants over shapes in the L2 and DRAM regimes.
     Tune(cmd::tune::Args),
+    /// Measure tune's search strategies on a recorded tune result (no GPU):
+    /// evaluations each needs to come within a few % of the best.
+    SearchReplay(cmd::search_replay::Args),
     /// Prompt-processing and generation speed, llama-bench style (pp/tg t/s).
     Bench(cmd::bench::Args),
     /// Interleaved end-to-end A/B of two engine arms: numerics gate, then a verdict per phase.
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Tune(a) => cmd::tune::run(a),
+        Command::SearchReplay(a) => cmd::search_replay::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Ab(a) => cmd::ab::run(a),
         Command::Report(a) => cmd::report::run(a),

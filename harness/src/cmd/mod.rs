@@ -8,6 +8,8 @@ pub mod info;
 pub mod logits;
 pub mod report;
 pub mod run;
+pub mod search_replay;
 pub mod synth;
 pub mod tokenize;
 pub mod tune;
+pub mod tune_search;

@@ -8,6 +8,10 @@
 //! interleaved). Ctrl-C stops after the current measurement; everything
 //! measured so far is still written.
 //!
+//! `--strategy` / `--max-evals` / `--time-limit` replace the check of every
+//! cell and the timing of every passing one by one search per (family,
+//! shape, regime) (`tune_search`); the rest of the run is the same.
+//!
 //! Vendor references (cuBLAS bf16 and int8 GEMM, `--no-reference` turns
 //! them off) are checked against the oracle with the variants, then timed
 //! at the same problems in each phase after the variants, by the same loop;
@@ -16,8 +20,9 @@
 //! reason instead of numbers. NVML samples the clocks in the background
 //! throughout; each row keeps the clocks seen during its measured samples.
 
+use super::tune_search::{SearchArgs, Searcher};
 use crate::exit::Exit;
-use gemtune::checker::{self, CheckOptions};
+use gemtune::checker::{self, CheckOptions, FamilyJob, Passing};
 use gemtune::references::{self, RefJob};
 use gemtune::results::{join_samples, write_csv, TuneRow, KIND_REFERENCE, KIND_VARIANT};
 use gemtune::roofline::{self, DevicePeaks, Instr};
@@ -81,9 +86,11 @@ pub struct Args {
     /// Correctness of shapes with more tokens is checked at this many tokens.
     #[arg(long, default_value_t = 512, value_parser = crate::cli::positive_usize)]
     pub check_max_m: usize,
-    /// Seed of the bootstrap resampling.
+    /// Seed of the bootstrap resampling and of the search strategy.
     #[arg(long, default_value_t = 0x5eed, value_parser = crate::cli::seed)]
     pub seed: u64,
+    #[command(flatten)]
+    pub search: SearchArgs,
     /// Leave out the vendor reference rows (cuBLAS bf16 / int8 GEMM at the
     /// same shapes and regimes).
     #[arg(long)]
@@ -303,6 +310,63 @@ fn timed_row(cx: &RunCtx<'_>, id: Ident<'_>, t: &Timing) -> TuneRow {
     row
 }
 
+/// Times one passing cell in one regime: its row, or the note saying why
+/// it could not be timed.
+fn time_cell(
+    cx: &RunCtx<'_>,
+    gpu: &Gpu,
+    jobs: &[FamilyJob],
+    ps: &Passing,
+    regime: Regime,
+    cfg: &TimingConfig,
+) -> Result<TuneRow, String> {
+    let job = &jobs[ps.job];
+    let p = &job.points[ps.point];
+    let s = &job.shapes[ps.shape];
+    let t = time_variant(
+        gpu,
+        job.family,
+        &ps.cv,
+        &ps.defines,
+        &s.problem(),
+        regime,
+        cfg,
+    )
+    .map_err(|e| {
+        format!(
+            "{} {} {} {}: timing failed: {e}",
+            job.family.name(),
+            p.id,
+            s.name,
+            rname(regime)
+        )
+    })?;
+    let (regs, spill, smem) = match ps.cv.function(
+        &job.family
+            .validate(&ps.defines, &s.problem(), &gpu.limits())
+            .map(|g| g.kernel)
+            .unwrap_or_default(),
+    ) {
+        Some(f) => (f.registers, f.spill_bytes, f.static_smem),
+        None => (ps.cv.registers, ps.cv.spill_bytes, ps.cv.static_smem),
+    };
+    let id = Ident {
+        kind: KIND_VARIANT,
+        family: job.family.name().to_string(),
+        variant: p.id.clone(),
+        hash: p.hash.clone(),
+        base: p.base.clone(),
+        defines: canonical(&ps.defines),
+        shape: s,
+        spec_sha256: job.spec.sha256.clone(),
+        source_sha256: job.source_sha256.clone(),
+        resources: (regs, spill, smem, ps.dyn_smem),
+        instr: roofline::instr_of(job.family.name(), &ps.defines),
+        reason: String::new(),
+    };
+    Ok(timed_row(cx, id, &t))
+}
+
 fn ref_ident(j: &RefJob) -> Ident<'_> {
     Ident {
         kind: KIND_REFERENCE,
@@ -377,12 +441,19 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         check_max_m: Some(a.check_max_m),
         stop: Some(gemtune::interrupt::flag()),
     };
-    let mut outcome = checker::run_check(
-        &jobs,
-        Some(&gpu),
-        &opts,
-        crate::cmd::check::progress_printer(),
-    );
+    // A search checks each cell it evaluates, during the timing phases.
+    let mut searcher = None;
+    let mut outcome = if a.search.active() {
+        searcher = Some(Searcher::new(&a.search, a.seed, &jobs, opts, &gpu.limits()));
+        checker::CheckOutcome::default()
+    } else {
+        checker::run_check(
+            &jobs,
+            Some(&gpu),
+            &opts,
+            crate::cmd::check::progress_printer(),
+        )
+    };
     let mut ref_jobs: Vec<RefJob> = if a.no_reference {
         Vec::new()
     } else {
@@ -426,7 +497,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             .cloned()
             .collect::<Vec<_>>(),
     );
-    let check_exit = crate::cmd::check::verdict(&outcome);
+    let mut check_exit = crate::cmd::check::verdict(&outcome);
 
     // 2. Ceilings.
     let ceil = measure_ceilings(&gpu)?;
@@ -474,6 +545,14 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     };
     'phases: for &regime in &regimes {
         let rn = rname(regime);
+        if let Some(sr) = searcher.as_mut() {
+            let mut time = |ps: &Passing| time_cell(&cx, &gpu, &jobs, ps, regime, &cfg);
+            let results = out.join("results.csv");
+            if !sr.phase(&gpu, rn, &mut time, &mut rows, &results, &mut notes, &pb)? {
+                interrupted(&mut notes);
+                break 'phases;
+            }
+        }
         for ps in &outcome.passing {
             if interrupted(&mut notes) {
                 break 'phases;
@@ -482,53 +561,14 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             let p = &job.points[ps.point];
             let s = &job.shapes[ps.shape];
             pb.set_message(format!("{} {} {} {rn}", job.family.name(), p.id, s.name));
-            let t = match time_variant(
-                &gpu,
-                job.family,
-                &ps.cv,
-                &ps.defines,
-                &s.problem(),
-                regime,
-                &cfg,
-            ) {
-                Ok(t) => t,
-                Err(e) => {
-                    notes.push(format!(
-                        "{} {} {} {rn}: timing failed: {e}",
-                        job.family.name(),
-                        p.id,
-                        s.name
-                    ));
-                    pb.inc(1);
-                    continue;
+            match time_cell(&cx, &gpu, &jobs, ps, regime, &cfg) {
+                Ok(row) => {
+                    rows.push(row);
+                    // Rewritten after every cell so a crash keeps what was measured.
+                    write_csv(&out.join("results.csv"), &rows)?;
                 }
-            };
-            let (regs, spill, smem) = match ps.cv.function(
-                &job.family
-                    .validate(&ps.defines, &s.problem(), &gpu.limits())
-                    .map(|g| g.kernel)
-                    .unwrap_or_default(),
-            ) {
-                Some(f) => (f.registers, f.spill_bytes, f.static_smem),
-                None => (ps.cv.registers, ps.cv.spill_bytes, ps.cv.static_smem),
-            };
-            let id = Ident {
-                kind: KIND_VARIANT,
-                family: job.family.name().to_string(),
-                variant: p.id.clone(),
-                hash: p.hash.clone(),
-                base: p.base.clone(),
-                defines: canonical(&ps.defines),
-                shape: s,
-                spec_sha256: job.spec.sha256.clone(),
-                source_sha256: job.source_sha256.clone(),
-                resources: (regs, spill, smem, ps.dyn_smem),
-                instr: roofline::instr_of(job.family.name(), &ps.defines),
-                reason: String::new(),
-            };
-            rows.push(timed_row(&cx, id, &t));
-            // Rewritten after every cell so a crash keeps what was measured.
-            write_csv(&out.join("results.csv"), &rows)?;
+                Err(note) => notes.push(note),
+            }
             pb.inc(1);
         }
         for j in &ref_jobs {
@@ -570,11 +610,32 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         }
     }
     pb.finish_and_clear();
+    // The search's line for the summary's header and its section.
+    let mut search_report: Option<(String, String)> = None;
+    if let Some(sr) = searcher {
+        let described = sr.describe();
+        let (checks, done) = sr.finish();
+        let refs: Vec<_> = outcome.rows.drain(..).collect();
+        outcome = checks;
+        outcome.rows.extend(refs);
+        write_csv(&out.join("check.csv"), &outcome.rows)?;
+        crate::cmd::check::print_table(
+            &outcome
+                .rows
+                .iter()
+                .filter(|r| !matches!(r.verdict.as_str(), "pass" | "rejected" | "skipped"))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        check_exit = crate::cmd::check::verdict(&outcome);
+        write_csv(&out.join("search.csv"), &done)?;
+        search_report = Some((described, super::tune_search::section(&done)));
+    }
     gemtune::report::flag_throttled(&mut rows);
     write_csv(&out.join("results.csv"), &rows)?;
 
     // 4. Summary and plots.
-    let device_block = vec![
+    let mut device_block = vec![
         ("device".to_string(), info.name.clone()),
         ("compute capability".into(), format!("{}.{}", info.cc.0, info.cc.1)),
         ("SMs".into(), info.sm_count.to_string()),
@@ -642,13 +703,20 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             ),
         ),
     ];
-    let md = gemtune::report::summary_md(&gemtune::report::SummaryInput {
+    if let Some((line, _)) = &search_report {
+        device_block.push(("search".into(), line.clone()));
+    }
+    let mut md = gemtune::report::summary_md(&gemtune::report::SummaryInput {
         title: format!("gemtune tune {}", a.family),
         device_block,
         rows: &rows,
         checks: &outcome.rows,
         notes: notes.clone(),
     });
+    if let Some((_, section)) = &search_report {
+        md.push('\n');
+        md.push_str(section);
+    }
     std::fs::write(out.join("summary.md"), md)?;
     let heat_axes: Vec<(String, String, String)> = jobs
         .iter()
