@@ -70,6 +70,9 @@ pub enum PlanError {
     Slot { slot: String, msg: String },
     #[error("slot {slot}: {err}")]
     Gpu { slot: String, err: GpuError },
+    /// A model feature the CUDA engine has no stages for yet.
+    #[error("the CUDA engine does not run {0} yet; the CPU engine does (--backend cpu)")]
+    Unsupported(String),
 }
 
 impl PlanError {
