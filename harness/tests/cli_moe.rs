@@ -78,7 +78,9 @@ fn synth_info_and_cpu_run_of_tiny_moe() {
     assert!(line.ends_with("2 of 6 experts, expert FFN 96"), "{line}");
     // The CUDA engine names what it cannot run yet.
     assert!(
-        s.contains("cannot plan: the CUDA engine does not run the mixture-of-experts FFN"),
+        s.contains(
+            "cannot plan: CUDA engine: the mixture-of-experts FFN (6 experts, top-2, expert FFN 96) has no CUDA stages yet"
+        ),
         "{s}"
     );
 

@@ -71,7 +71,7 @@ pub enum PlanError {
     #[error("slot {slot}: {err}")]
     Gpu { slot: String, err: GpuError },
     /// A model feature the CUDA engine has no stages for yet.
-    #[error("the CUDA engine does not run {0} yet; the CPU engine does (--backend cpu)")]
+    #[error("{0} has no CUDA stages yet; the CPU engine runs it (--backend cpu)")]
     Unsupported(String),
 }
 
