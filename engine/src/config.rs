@@ -431,7 +431,8 @@ impl Gemma4Config {
 
     /// Resolves the config from metadata plus the few tensor facts it
     /// depends on (which layers have `attn_v` and `layer_output_scale`, the
-    /// vocab from `token_embd`, the `rope_freqs` values), without checking
+    /// vocab from `token_embd`, the `rope_freqs` values, on a MoE model
+    /// whether layer 0's gate and up experts are one tensor), without checking
     /// the other tensors.
     pub fn from_gguf_metadata(f: &GgufFile) -> Result<Gemma4Config, ConfigError> {
         let m = Meta { f };

@@ -1,5 +1,6 @@
 //! The published Gemma 4 text-decoder configs (spec §2) and `tiny`, a
-//! CPU-milliseconds model with every feature of the family.
+//! CPU-milliseconds model with every feature of the dense family, and
+//! `tiny-moe`, the same for the mixture-of-experts 26B-A4B.
 
 use crate::config::{
     proportional_rope_factors, resolve_kv_donors, AttnKind, Gemma4Config, LayerConfig, MoeConfig,
