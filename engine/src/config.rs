@@ -53,6 +53,24 @@ impl LayerConfig {
     }
 }
 
+/// The mixture-of-experts FFN of a MoE model (26B-A4B): on every layer a
+/// router picks `n_experts_used` of `n_experts` gated-GELU experts per
+/// token, beside the layer's dense shared MLP (`LayerConfig::ffn_dim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub n_experts: usize,
+    /// Experts each token is routed to (`{arch}.expert_used_count`).
+    pub n_experts_used: usize,
+    /// Hidden width of one expert (`{arch}.expert_feed_forward_length`).
+    pub expert_ffn_dim: usize,
+    /// The experts' gate and up projections are one tensor,
+    /// `ffn_gate_up_exps` (gate rows first, then up), as current llama.cpp
+    /// conversions write them; `false`: two tensors, `ffn_gate_exps` and
+    /// `ffn_up_exps`, as older files have them.
+    pub gate_up_fused: bool,
+}
+
 /// The whole text decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gemma4Config {
@@ -74,6 +92,9 @@ pub struct Gemma4Config {
     pub rope_swa: RopeConfig,
     pub rope_full: RopeConfig,
     pub layers: Vec<LayerConfig>,
+    /// `Some` on a mixture-of-experts model: every layer's FFN block is the
+    /// MoE block (shared MLP plus routed experts).
+    pub moe: Option<MoeConfig>,
 }
 
 impl Gemma4Config {
@@ -178,8 +199,6 @@ pub enum ConfigErrorKind {
     InvalidValue(String),
     #[error("architecture is '{0}', expected 'gemma4'")]
     WrongArchitecture(String),
-    #[error("not supported: {0}")]
-    Unsupported(String),
     #[error("layer {layer} shares KV but no earlier non-shared {kind} layer exists to donate it")]
     NoDonor { layer: usize, kind: &'static str },
     #[error("missing tensor")]
@@ -412,7 +431,8 @@ impl Gemma4Config {
 
     /// Resolves the config from metadata plus the few tensor facts it
     /// depends on (which layers have `attn_v` and `layer_output_scale`, the
-    /// vocab from `token_embd`, the `rope_freqs` values), without checking
+    /// vocab from `token_embd`, the `rope_freqs` values, on a MoE model
+    /// whether layer 0's gate and up experts are one tensor), without checking
     /// the other tensors.
     pub fn from_gguf_metadata(f: &GgufFile) -> Result<Gemma4Config, ConfigError> {
         let m = Meta { f };
@@ -423,16 +443,7 @@ impl Gemma4Config {
                 ConfigErrorKind::WrongArchitecture(arch.to_string()),
             ));
         }
-        if let Some(n) = m.opt_uint(&k("expert_count"))? {
-            if n > 0 {
-                return Err(m.err(
-                    &k("expert_count"),
-                    ConfigErrorKind::Unsupported(format!(
-                        "mixture-of-experts layers ({n} experts, the 26B-A4B variant)"
-                    )),
-                ));
-            }
-        }
+        let moe = read_moe(&m, f)?;
 
         let name = f
             .get("general.name")
@@ -686,8 +697,39 @@ impl Gemma4Config {
                 freq_factors,
             },
             layers,
+            moe,
         })
     }
+}
+
+/// The MoE keys (`expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`): `None` when `expert_count` is absent or
+/// 0 (a dense model). The expert layout (fused `ffn_gate_up_exps` or the
+/// older separate gate and up stacks) is read from layer 0's tensors;
+/// `plan::validate_tensors` then holds every layer to it.
+fn read_moe(m: &Meta<'_>, f: &GgufFile) -> Result<Option<MoeConfig>, ConfigError> {
+    let count_key = k("expert_count");
+    let n_experts = match m.opt_uint(&count_key)? {
+        None | Some(0) => return Ok(None),
+        Some(n) => n,
+    };
+    let used_key = k("expert_used_count");
+    let n_experts_used = m.positive(&used_key, m.uint(&used_key)?)?;
+    if n_experts_used > n_experts {
+        return Err(m.invalid(
+            &used_key,
+            format!("{n_experts_used} experts used per token, but the model has {n_experts}"),
+        ));
+    }
+    let ffn_key = k("expert_feed_forward_length");
+    let expert_ffn_dim = m.positive(&ffn_key, m.uint(&ffn_key)?)?;
+    let gate_up_fused = f.tensor("blk.0.ffn_gate_exps.weight").is_none();
+    Ok(Some(MoeConfig {
+        n_experts,
+        n_experts_used,
+        expert_ffn_dim,
+        gate_up_fused,
+    }))
 }
 
 /// `rope_freqs.weight` values (dequantized), or `None` when the file has

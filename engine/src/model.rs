@@ -9,14 +9,15 @@
 //! Loading checks, in order: the architecture string, the config
 //! (`Gemma4Config::from_gguf`), the tensor inventory (`plan::validate_tensors`),
 //! the tokenizer, and that every tensor the forward pass reads has a type the
-//! CPU can dequantize. Tensors a layer does not use (the K/V projections that
+//! CPU can dequantize. The stacked expert tensors of a MoE model are views
+//! too (`ExpertMats`), one matrix per expert. Tensors a layer does not use (the K/V projections that
 //! published E2B/E4B files still carry on KV-shared layers) are not loaded.
 
 use std::path::Path;
 
 use gemtune_kernels::quant::{self, GgmlType, QuantError};
 
-use crate::config::{ConfigError, Gemma4Config};
+use crate::config::{ConfigError, Gemma4Config, MoeConfig};
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::plan;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -42,8 +43,6 @@ pub enum ModelError {
         name: String,
         reason: String,
     },
-    #[error("{path}: {what} is not supported by the CPU engine")]
-    Unsupported { path: String, what: String },
 }
 
 /// A weight matrix inside the GGUF mapping. GGUF `ne = [n_in, n_out]`: row
@@ -80,6 +79,50 @@ pub struct LayerPleWeights {
     pub post_norm: Vec<f32>,
 }
 
+/// One matrix of every expert of a layer, inside a stacked expert tensor
+/// (GGUF `ne = [n_in, rows_per_expert, n_experts]`): expert `e`'s matrix is
+/// the `n_out` rows from row `e * rows_per_expert + row_offset`. The fused
+/// `ffn_gate_up_exps` holds two such matrices per expert (gate at offset 0,
+/// up at offset `n_out`); every other stack holds one.
+#[derive(Clone, Debug)]
+pub struct ExpertMats {
+    pub name: String,
+    pub ty: GgmlType,
+    pub n_in: usize,
+    /// Rows (output features) of one expert's matrix.
+    pub n_out: usize,
+    pub n_experts: usize,
+    pub row_bytes: usize,
+    rows_per_expert: usize,
+    row_offset: usize,
+    info: TensorInfo,
+}
+
+/// The MoE block of one layer (beside the dense shared MLP, which is the
+/// layer's `ffn_gate` / `ffn_up` / `ffn_down`).
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `blk.N.ffn_gate_inp.weight`: d_model -> n_experts router logits.
+    pub router: MatRef,
+    /// `blk.N.ffn_gate_inp.scale` [d_model]: multiplies the router input.
+    pub router_scale: Vec<f32>,
+    /// The experts' gate projections (d_model -> expert FFN).
+    pub gate: ExpertMats,
+    /// The experts' up projections (d_model -> expert FFN).
+    pub up: ExpertMats,
+    /// `blk.N.ffn_down_exps.weight`: expert FFN -> d_model.
+    pub down: ExpertMats,
+    /// `blk.N.ffn_down_exps.scale` [n_experts]: multiplies each chosen
+    /// expert's routing weight.
+    pub expert_scale: Vec<f32>,
+    /// `blk.N.pre_ffw_norm_2.weight` [d_model]: the experts' input norm.
+    pub experts_pre_norm: Vec<f32>,
+    /// `blk.N.post_ffw_norm_1.weight` [d_model]: the shared MLP's output norm.
+    pub shared_post_norm: Vec<f32>,
+    /// `blk.N.post_ffw_norm_2.weight` [d_model]: the experts' output norm.
+    pub experts_post_norm: Vec<f32>,
+}
+
 /// Everything one decoder layer reads.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
@@ -102,6 +145,9 @@ pub struct LayerWeights {
     /// `blk.N.layer_output_scale.weight`, 1.0 when the tensor is absent.
     pub layer_scale: f32,
     pub ple: Option<LayerPleWeights>,
+    /// The routed experts of a MoE model (the `ffn_*` tensors above are
+    /// then its dense shared MLP).
+    pub moe: Option<MoeWeights>,
 }
 
 /// All weight views of a model.
@@ -159,12 +205,6 @@ impl Model {
         }
         let config = Gemma4Config::from_gguf(&file)?;
         plan::validate_tensors(&config, &file)?;
-        if file.tensor("blk.0.ffn_gate_inp.weight").is_some() {
-            return Err(ModelError::Unsupported {
-                path,
-                what: "the mixture-of-experts FFN (26B-A4B)".to_string(),
-            });
-        }
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|source| ModelError::Tokenizer {
             path: path.clone(),
             source,
@@ -208,6 +248,13 @@ impl Model {
     /// Bytes of row `row` of a matrix (an embedding gather reads one row).
     pub fn mat_row(&self, m: &MatRef, row: usize) -> &[u8] {
         &self.mat_bytes(m)[row * m.row_bytes..(row + 1) * m.row_bytes]
+    }
+
+    /// The bytes of expert `e`'s matrix in a stacked expert tensor:
+    /// `n_out` rows of `row_bytes` each (zero-copy).
+    pub fn expert_bytes(&self, m: &ExpertMats, e: usize) -> &[u8] {
+        let first = e * m.rows_per_expert + m.row_offset;
+        &self.file.tensor_data(&m.info)[first * m.row_bytes..(first + m.n_out) * m.row_bytes]
     }
 
     /// Any tensor by name: its type and bytes, zero-copy.
@@ -291,6 +338,72 @@ impl Loader<'_> {
         Ok(out)
     }
 
+    /// One matrix per expert inside the stacked tensor `name` of
+    /// `ne = [n_in, rows_per_expert, n_experts]`: the `n_out` rows from
+    /// `row_offset` of each expert's block.
+    fn experts(
+        &self,
+        name: &str,
+        n_in: usize,
+        (rows_per_expert, row_offset, n_out): (usize, usize, usize),
+        n_experts: usize,
+    ) -> Result<ExpertMats, ModelError> {
+        let t = self.info(name)?;
+        let want = [n_in as u64, rows_per_expert as u64, n_experts as u64];
+        if t.dims.as_slice() != want {
+            return Err(self.err(name, format!("shape {:?}, expected {:?}", t.dims, want)));
+        }
+        self.check_type(t)?;
+        let row_bytes = t.ty.row_bytes(n_in as u64).ok_or_else(|| {
+            self.err(
+                name,
+                format!("rows of {n_in} are not whole {} blocks", t.ty),
+            )
+        })? as usize;
+        Ok(ExpertMats {
+            name: name.to_string(),
+            ty: t.ty,
+            n_in,
+            n_out,
+            n_experts,
+            row_bytes,
+            rows_per_expert,
+            row_offset,
+            info: t.clone(),
+        })
+    }
+
+    /// The MoE tensors of layer `layer`.
+    fn moe_weights(&self, layer: usize, moe: &MoeConfig) -> Result<MoeWeights, ModelError> {
+        let d = self.cfg.d_model;
+        let (e, fe) = (moe.n_experts, moe.expert_ffn_dim);
+        let w = |s: &str| plan::layer_tensor_name(layer, s);
+        let sc = |s: &str| plan::layer_scale_name(layer, s);
+        let (gate, up) = if moe.gate_up_fused {
+            let name = w("ffn_gate_up_exps");
+            (
+                self.experts(&name, d, (2 * fe, 0, fe), e)?,
+                self.experts(&name, d, (2 * fe, fe, fe), e)?,
+            )
+        } else {
+            (
+                self.experts(&w("ffn_gate_exps"), d, (fe, 0, fe), e)?,
+                self.experts(&w("ffn_up_exps"), d, (fe, 0, fe), e)?,
+            )
+        };
+        Ok(MoeWeights {
+            router: self.mat(&w("ffn_gate_inp"), d, e)?,
+            router_scale: self.vec(&sc("ffn_gate_inp"), d)?,
+            gate,
+            up,
+            down: self.experts(&w("ffn_down_exps"), fe, (d, 0, d), e)?,
+            expert_scale: self.vec(&sc("ffn_down_exps"), e)?,
+            experts_pre_norm: self.vec(&w("pre_ffw_norm_2"), d)?,
+            shared_post_norm: self.vec(&w("post_ffw_norm_1"), d)?,
+            experts_post_norm: self.vec(&w("post_ffw_norm_2"), d)?,
+        })
+    }
+
     fn load(&self) -> Result<Weights, ModelError> {
         let cfg = self.cfg;
         let d = cfg.d_model;
@@ -351,6 +464,11 @@ impl Loader<'_> {
                 post_ffw_norm: self.vec(&p("post_ffw_norm"), d)?,
                 layer_scale,
                 ple,
+                moe: cfg
+                    .moe
+                    .as_ref()
+                    .map(|moe| self.moe_weights(lc.index, moe))
+                    .transpose()?,
             });
         }
         Ok(Weights {

@@ -10,7 +10,7 @@
 //! `used = false`: they count towards the tensor and parameter totals, a
 //! writer emits them, and a reader accepts a file that omits them.
 
-use crate::config::{ConfigError, ConfigErrorKind, Gemma4Config, LayerConfig};
+use crate::config::{ConfigError, ConfigErrorKind, Gemma4Config, LayerConfig, MoeConfig};
 use crate::gguf::GgufFile;
 use std::collections::HashMap;
 
@@ -28,6 +28,15 @@ pub enum TensorRole {
     Scalar,
     /// `rope_freqs.weight`: per-pair RoPE frequency divisors of full layers.
     RopeFreqs,
+    /// `blk.N.ffn_gate_inp.weight` `[d, E]`: the MoE router. A matrix, but
+    /// llama.cpp's converter writes it F32 and its quantizer never
+    /// quantizes it, in every file type.
+    Router,
+    /// A stack of one matrix per expert, `[n_in, n_out, E]`
+    /// (`ffn_gate_up_exps`, `ffn_gate_exps`, `ffn_up_exps`,
+    /// `ffn_down_exps`): stored and quantized like a matrix of rows `n_in`
+    /// wide; a token reads only the slices of the experts it is routed to.
+    Experts,
 }
 
 /// One tensor of the plan.
@@ -53,6 +62,13 @@ impl TensorSpec {
 /// Name of a per-layer tensor: `blk.{layer}.{suffix}.weight`.
 pub fn layer_tensor_name(layer: usize, suffix: &str) -> String {
     format!("blk.{layer}.{suffix}.weight")
+}
+
+/// Name of a per-layer scale tensor of the MoE block:
+/// `blk.{layer}.{base}.scale` (`ffn_gate_inp.scale`, the router's input
+/// scale; `ffn_down_exps.scale`, the per-expert output scales).
+pub fn layer_scale_name(layer: usize, base: &str) -> String {
+    format!("blk.{layer}.{base}.scale")
 }
 
 fn global(name: &str, dims: Vec<u64>, role: TensorRole) -> TensorSpec {
@@ -112,9 +128,47 @@ fn layer_plan(cfg: &Gemma4Config, l: &LayerConfig, out: &mut Vec<TensorSpec>) {
         out.push(per_layer(i, "proj", vec![p, d], Matrix, true));
         out.push(per_layer(i, "post_norm", vec![d], Vector, true));
     }
+    if let Some(moe) = &cfg.moe {
+        moe_plan(cfg, i, moe, out);
+    }
     if l.has_layer_scale {
         out.push(per_layer(i, "layer_output_scale", vec![1], Scalar, true));
     }
+}
+
+/// The MoE tensors of layer `i` (beside the dense shared MLP, which is the
+/// layer's `ffn_gate` / `ffn_up` / `ffn_down`).
+fn moe_plan(cfg: &Gemma4Config, i: usize, moe: &MoeConfig, out: &mut Vec<TensorSpec>) {
+    use TensorRole::*;
+    let d = cfg.d_model as u64;
+    let e = moe.n_experts as u64;
+    let fe = moe.expert_ffn_dim as u64;
+    let scale = |base: &str, dims: Vec<u64>| TensorSpec {
+        name: layer_scale_name(i, base),
+        dims,
+        role: Vector,
+        used: true,
+        layer: Some(i),
+    };
+    out.push(per_layer(i, "ffn_gate_inp", vec![d, e], Router, true));
+    out.push(scale("ffn_gate_inp", vec![d]));
+    if moe.gate_up_fused {
+        out.push(per_layer(
+            i,
+            "ffn_gate_up_exps",
+            vec![d, 2 * fe, e],
+            Experts,
+            true,
+        ));
+    } else {
+        out.push(per_layer(i, "ffn_gate_exps", vec![d, fe, e], Experts, true));
+        out.push(per_layer(i, "ffn_up_exps", vec![d, fe, e], Experts, true));
+    }
+    out.push(per_layer(i, "ffn_down_exps", vec![fe, d, e], Experts, true));
+    out.push(scale("ffn_down_exps", vec![e]));
+    out.push(per_layer(i, "pre_ffw_norm_2", vec![d], Vector, true));
+    out.push(per_layer(i, "post_ffw_norm_1", vec![d], Vector, true));
+    out.push(per_layer(i, "post_ffw_norm_2", vec![d], Vector, true));
 }
 
 /// Every tensor a `gemma4` file with this config holds, in writer order.
@@ -156,6 +210,27 @@ pub fn tensor_plan(cfg: &Gemma4Config) -> Vec<TensorSpec> {
 /// included, as llama.cpp counts a published file).
 pub fn parameter_count(cfg: &Gemma4Config) -> u64 {
     tensor_plan(cfg).iter().map(TensorSpec::n_elements).sum()
+}
+
+/// The share of a tensor one token uses: `n_experts_used / n_experts` of
+/// an expert stack, all of any other tensor; as (numerator, denominator).
+pub fn active_share(cfg: &Gemma4Config, role: TensorRole) -> (u64, u64) {
+    match (role, &cfg.moe) {
+        (TensorRole::Experts, Some(moe)) => (moe.n_experts_used as u64, moe.n_experts as u64),
+        _ => (1, 1),
+    }
+}
+
+/// Parameters one token uses (`parameter_count` with each expert stack
+/// counted at `n_experts_used / n_experts`: the "A4B" of 26B-A4B).
+pub fn active_parameter_count(cfg: &Gemma4Config) -> u64 {
+    tensor_plan(cfg)
+        .iter()
+        .map(|s| {
+            let (num, den) = active_share(cfg, s.role);
+            s.n_elements() * num / den
+        })
+        .sum()
 }
 
 /// Tensors a file may hold beyond the plan: a KV-shared layer's `attn_v`

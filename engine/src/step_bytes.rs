@@ -14,12 +14,14 @@
 //!   the backend reads it (the CUDA engine: the device layout its one-row
 //!   launches read, `cuda::step_reads`; the CPU engine: the file's bytes):
 //!   Q, K and V (K and V only on layers that own a cache), O, gate, up,
-//!   down, the PLE gate and projection, the PLE model projection, and the
-//!   tied head;
+//!   down, the PLE gate and projection, the PLE model projection, the tied
+//!   head, and on a MoE model the router and the gate, up and down of the
+//!   `n_experts_used` experts a token is routed to (never all of them);
 //! - `rows`: one row of the token embedding and one of the PLE table;
 //! - `vectors`: every norm weight the step reads (f32), one layer scalar
-//!   per layer (f32), and the RoPE inverse frequencies (f64, one table per
-//!   attention kind present);
+//!   per layer (f32), on a MoE model the router's input scale and the
+//!   chosen experts' scales (f32), and the RoPE inverse frequencies (f64,
+//!   one table per attention kind present);
 //! - `kv_read`: K and V of every position a layer attends to, in its own
 //!   cache or its donor's: `pos + 1` positions on full layers, `min(pos +
 //!   1, W)` on sliding ones. A KV-shared layer's read of its donor's cache
@@ -119,7 +121,9 @@ pub fn kv_write_bytes(cfg: &Gemma4Config, kv_elem: u64) -> u64 {
 
 /// Bytes of the vectors a step reads: per layer the input, Q, K (on
 /// KV-owning layers), post-attention, FFN, post-FFN and PLE post norms
-/// (f32) and the layer scalar (f32); the output norm and the PLE
+/// (f32) and the layer scalar (f32), on a MoE model the router's input
+/// scale, the three MoE norms and the chosen experts' scales (f32); the
+/// output norm and the PLE
 /// projection norm; the RoPE inverse frequencies of each attention kind
 /// present (f64, `dims / 2` each).
 pub fn vector_bytes(cfg: &Gemma4Config) -> u64 {
@@ -132,6 +136,11 @@ pub fn vector_bytes(cfg: &Gemma4Config) -> u64 {
         }
         if cfg.has_ple() {
             floats += d;
+        }
+        if let Some(moe) = &cfg.moe {
+            // The router's input scale, the three MoE norms and the chosen
+            // experts' scales.
+            floats += 4 * d + moe.n_experts_used;
         }
     }
     floats += d;
@@ -187,6 +196,13 @@ impl StepReads {
             matrices += bytes(&lw.ffn_gate) + bytes(&lw.ffn_up) + bytes(&lw.ffn_down);
             if let Some(p) = &lw.ple {
                 matrices += bytes(&p.inp_gate) + bytes(&p.proj);
+            }
+            if let (Some(mw), Some(moe)) = (&lw.moe, &cfg.moe) {
+                // The router, and the gate, up and down of the chosen experts.
+                let expert = |m: &crate::model::ExpertMats| (m.n_out * m.row_bytes) as u64;
+                matrices += bytes(&mw.router);
+                matrices += moe.n_experts_used as u64
+                    * (expert(&mw.gate) + expert(&mw.up) + expert(&mw.down));
             }
         }
         let mut rows = w.token_embd.row_bytes as u64;

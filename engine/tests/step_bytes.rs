@@ -107,6 +107,9 @@ fn expected(cfg: &Gemma4Config, wt: WeightType, head: Head, kv_elem: u64, pos: u
             TensorRole::Scalar => {}
             // The engine rotates with f64 tables of its own (below).
             TensorRole::RopeFreqs => {}
+            TensorRole::Router | TensorRole::Experts => {
+                panic!("{}: the CUDA engine runs no MoE model", t.name)
+            }
         }
     }
     s.vectors += 4 * cfg.n_layers as u64;

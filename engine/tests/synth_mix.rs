@@ -79,6 +79,7 @@ fn mixes_match_the_documented_table() {
         SynthVariant::E4b,
         SynthVariant::B12,
         SynthVariant::B31,
+        SynthVariant::B26A4b,
     ] {
         for w in [WeightType::Q4KM, WeightType::Q5KM, WeightType::Q6K] {
             let r = row(v, w);
@@ -92,7 +93,7 @@ fn mixes_match_the_documented_table() {
     let documented = doc
         .lines()
         .filter(|l| {
-            ["| e2b |", "| e4b |", "| 12b |", "| 31b |"]
+            ["| e2b |", "| e4b |", "| 12b |", "| 31b |", "| 26b-a4b |"]
                 .iter()
                 .any(|p| l.starts_with(p))
         })
@@ -175,4 +176,42 @@ fn mix_rules_tensor_by_tensor() {
         .position(|s| s.name == "blk.0.attn_q.weight")
         .expect("attn_q");
     assert_eq!(q5[i], GgmlType::Q5_1);
+}
+
+/// 26B-A4B: the router stays F32, the expert gate/up stacks take the base
+/// type, and the layer's `ffn_down` and `ffn_down_exps` share the
+/// `use_more_bits` rule, whose Q6_K falls back to Q8_0 (rows of 2112 and
+/// 704 are not whole super-blocks) and whose base type to Q5_0 / Q5_1.
+#[test]
+fn mix_rules_of_the_expert_tensors() {
+    let cfg = preset(SynthVariant::B26A4b);
+    let plan = tensor_plan(&cfg);
+    for (w, base, down_base) in [
+        (WeightType::Q4KM, GgmlType::Q4K, GgmlType::Q5_0),
+        (WeightType::Q5KM, GgmlType::Q5K, GgmlType::Q5_1),
+        (WeightType::Q6K, GgmlType::Q6K, GgmlType::Q8_0),
+    ] {
+        let types = tensor_types(&plan, cfg.n_layers, w);
+        for (s, ty) in plan.iter().zip(&types) {
+            let Some(i) = s.layer else { continue };
+            let more =
+                w == WeightType::Q6K || gemtune_engine::synth::mix::use_more_bits(i, cfg.n_layers);
+            let want = if s.name.ends_with("ffn_gate_inp.weight") || s.dims.len() == 1 {
+                GgmlType::F32
+            } else if s.name.ends_with("ffn_down_exps.weight")
+                || s.name.ends_with("ffn_down.weight")
+            {
+                if more {
+                    GgmlType::Q8_0
+                } else {
+                    down_base
+                }
+            } else if s.name.ends_with("ffn_gate_up_exps.weight") {
+                base
+            } else {
+                continue;
+            };
+            assert_eq!(*ty, want, "{} {}", w.name(), s.name);
+        }
+    }
 }

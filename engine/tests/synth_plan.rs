@@ -2,7 +2,7 @@
 //! Everything is counted from the plan: no multi-GB file is written.
 
 use gemtune_engine::config::{AttnKind, Gemma4Config};
-use gemtune_engine::plan::{parameter_count, tensor_plan, TensorRole};
+use gemtune_engine::plan::{active_parameter_count, parameter_count, tensor_plan, TensorRole};
 use gemtune_engine::synth::{preset, tensor_type, SynthVariant, WeightType};
 use gemtune_kernels::quant::GgmlType;
 
@@ -56,6 +56,62 @@ fn b12_has_667_tensors_and_11_907_350_576_parameters() {
 fn b31_has_833_tensors_and_30_697_345_596_parameters() {
     let (n, _, p) = counts(&preset(SynthVariant::B31));
     assert_eq!((n, p), (833, 30_697_345_596));
+}
+
+#[test]
+fn b26_a4b_has_658_tensors_and_3_82_b_of_25_23_b_parameters_active() {
+    let cfg = preset(SynthVariant::B26A4b);
+    let (n, _, p) = counts(&cfg);
+    assert_eq!((n, p), (658, 25_233_142_046));
+    let plan = tensor_plan(&cfg);
+    let experts: u64 = plan
+        .iter()
+        .filter(|t| t.role == TensorRole::Experts)
+        .map(|t| t.n_elements())
+        .sum();
+    assert_eq!(experts, 22_837_985_280);
+    assert_eq!(active_parameter_count(&cfg), 3_822_530_846);
+    let dims = |name: &str| {
+        plan.iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name} not planned"))
+            .dims
+            .clone()
+    };
+    assert_eq!(dims("blk.0.ffn_gate_inp.weight"), vec![2816, 128]);
+    assert_eq!(dims("blk.0.ffn_gate_inp.scale"), vec![2816]);
+    assert_eq!(dims("blk.0.ffn_gate_up_exps.weight"), vec![2816, 1408, 128]);
+    assert_eq!(dims("blk.0.ffn_down_exps.weight"), vec![704, 2816, 128]);
+    assert_eq!(dims("blk.0.ffn_down_exps.scale"), vec![128]);
+    assert_eq!(dims("blk.29.ffn_gate.weight"), vec![2816, 2112]);
+    assert_eq!(dims("blk.29.ffn_down.weight"), vec![2112, 2816]);
+    for norm in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+        assert_eq!(dims(&format!("blk.7.{norm}.weight")), vec![2816]);
+    }
+    // Full layers (5, 11, ..., 29): 2 KV heads of 512, k_eq_v (no attn_v).
+    assert_eq!(dims("blk.5.attn_k.weight"), vec![2816, 1024]);
+    assert!(!plan.iter().any(|t| t.name == "blk.5.attn_v.weight"));
+    assert_eq!(dims("blk.4.attn_v.weight"), vec![2816, 2048]);
+    assert_eq!(dims("blk.0.attn_q.weight"), vec![2816, 4096]);
+    assert_eq!(dims("blk.5.attn_q.weight"), vec![2816, 8192]);
+    assert_eq!(
+        (cfg.sliding_window, cfg.ple_dim, cfg.n_kv_shared_layers),
+        (1024, 0, 0)
+    );
+    // The router stays F32 and the expert stacks take the file's type.
+    let ty = |name: &str, w| tensor_type(plan.iter().find(|t| t.name == name).unwrap(), w);
+    assert_eq!(
+        ty("blk.0.ffn_gate_inp.weight", WeightType::Q8_0),
+        GgmlType::F32
+    );
+    assert_eq!(
+        ty("blk.0.ffn_gate_up_exps.weight", WeightType::Q4_0),
+        GgmlType::Q4_0
+    );
+    assert_eq!(
+        ty("blk.0.ffn_down_exps.weight", WeightType::Q8_0),
+        GgmlType::Q8_0
+    );
 }
 
 #[test]

@@ -91,6 +91,7 @@ fn serve(
                     PlanError::Slot { slot, .. } | PlanError::Gpu { slot, .. } => {
                         planner.profile.origin_of(slot, Some(&matrix))
                     }
+                    PlanError::Unsupported(_) => "the model",
                 };
                 refusals.push(format!("{arch}: {origin}: {e}"));
             }

@@ -10,7 +10,9 @@
 //! - per layer: `attention_block` (sandwich-normed attention: q/k norms,
 //!   weightless V norm, V never roped, V = raw K projection on k_eq_v layers,
 //!   KV-shared layers read their donor's cache and compute no K/V),
-//!   `ffn_block` (sandwich-normed gated GELU FFN with the layer's own width),
+//!   `ffn_block` (sandwich-normed gated GELU FFN with the layer's own width;
+//!   on a mixture-of-experts model `moe::moe_block`, the shared MLP beside
+//!   the routed experts),
 //!   `ple_injection` after the FFN residual, and `layer_scale` on the whole
 //!   stream;
 //! - `head`: final norm, tied head (`token_embd`), softcap — only for the
@@ -36,6 +38,7 @@ use gemtune_kernels::quant::{self, QuantError};
 use super::attention;
 use super::kv_cache::KvCache;
 use super::matmul::matmul;
+use super::moe::{self, MoeScratch};
 use super::ops;
 use super::rope;
 use crate::config::AttnKind;
@@ -152,6 +155,8 @@ struct Scratch {
     /// Absolute position of each live row.
     qpos: Vec<usize>,
     keep: Vec<usize>,
+    /// The MoE block's buffers (MoE models only).
+    moe: Option<MoeScratch>,
 }
 
 /// Rows each decoder layer ran and rows the head ran.
@@ -241,6 +246,7 @@ impl<'m> CpuEngine<'m> {
             active: Vec::with_capacity(mb),
             qpos: Vec::with_capacity(mb),
             keep: Vec::with_capacity(mb),
+            moe: cfg.moe.as_ref().map(|moe| MoeScratch::new(cfg, moe, mb)),
         };
         Ok(CpuEngine {
             model,
@@ -403,7 +409,13 @@ impl<'m> CpuEngine<'m> {
             s.qpos.clear();
             s.qpos.extend(s.active.iter().map(|&t| pos0 + t));
             attention_block(m, s, cache, trace.as_mut(), l, lc, lw, half(lc.kind))?;
-            ffn_block(m, s, lw, lc.ffn_dim)?;
+            match (&lw.moe, s.moe.as_mut()) {
+                (Some(mw), Some(ms)) => {
+                    let rows = s.active.len();
+                    moe::moe_block(m, lw, mw, &mut s.x[..rows * d], rows, ms)?
+                }
+                _ => ffn_block(m, s, lw, lc.ffn_dim)?,
+            }
             ple_injection(m, s, l, lw)?;
             layer_scale(m, s, lw);
             if let Some(tr) = trace.as_mut() {

@@ -5,6 +5,8 @@
 //!   for KV-shared layers.
 //! - `attention`: masked (causal / sliding-window) GQA attention over a cache.
 //! - `matmul`: rayon-parallel quantized matmul.
+//! - `moe`: the mixture-of-experts FFN block (router, top-k routing with its
+//!   tie rule, shared MLP, experts).
 //! - `rope`: NeoX RoPE rotation with the shared frequencies (`crate::rope`).
 //! - `ops`: RMSNorm, GELU, softcap, dot products.
 
@@ -12,6 +14,7 @@ pub mod attention;
 pub mod forward;
 pub mod kv_cache;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 pub mod rope;
 

@@ -404,6 +404,7 @@ pub fn weight_plan(
 
 /// Refuses configs the kernels cannot run, before touching the GPU.
 fn check_config(cfg: &Gemma4Config) -> Result<(), EngineError> {
+    super::forward_plan::refuse_unsupported(cfg).map_err(plan_err)?;
     let bad = |m: String| Err(EngineError::Device(m));
     if cfg.d_model % 32 != 0 {
         return bad(format!(

@@ -1097,6 +1097,19 @@ impl Builder<'_> {
     }
 }
 
+/// Refuses a model with a feature the CUDA stages do not implement: the
+/// mixture-of-experts FFN (26B-A4B) has no router, expert GEMV or grouped
+/// GEMM stages yet, and running its layers as dense ones would be wrong.
+pub fn refuse_unsupported(cfg: &Gemma4Config) -> Result<(), PlanError> {
+    match &cfg.moe {
+        Some(moe) => Err(PlanError::Unsupported(format!(
+            "the mixture-of-experts FFN ({} experts, top-{}, expert FFN {})",
+            moe.n_experts, moe.n_experts_used, moe.expert_ffn_dim
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl ForwardPlan {
     /// Resolves every launch of every bucket (no GPU work).
     pub fn resolve(
@@ -1105,6 +1118,7 @@ impl ForwardPlan {
         dims: &ModelDims,
         sizing: Sizing,
     ) -> Result<ForwardPlan, PlanError> {
+        refuse_unsupported(cfg)?;
         let before = planner.lookups();
         let mut b = Builder {
             planner,

@@ -70,6 +70,9 @@ pub enum PlanError {
     Slot { slot: String, msg: String },
     #[error("slot {slot}: {err}")]
     Gpu { slot: String, err: GpuError },
+    /// A model feature the CUDA engine has no stages for yet.
+    #[error("{0} has no CUDA stages yet; the CPU engine runs it (--backend cpu)")]
+    Unsupported(String),
 }
 
 impl PlanError {

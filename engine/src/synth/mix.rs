@@ -2,12 +2,14 @@
 //! llama.cpp's quantizer (`llama_tensor_get_type` in `src/llama-quant.cpp`)
 //! writes for a Gemma 4 model; `docs/gemma4.md` §4.3 is the table.
 //!
-//! The rules, for a `gemma4` file (no experts, tied embeddings, not Falcon,
-//! no imatrix, no overrides), in the order llama.cpp applies them:
-//! - only 2-D tensors whose names end in `weight` are quantized, never a
-//!   `*_norm.weight`, and never `per_layer_model_proj.weight`, which keeps
-//!   the source file's type (the converter's default for Gemma's bf16
-//!   checkpoints is BF16);
+//! The rules, for a `gemma4` file (tied embeddings, not Falcon, no
+//! imatrix, no overrides, not 8 experts: llama.cpp special-cases 8-expert
+//! models, which no Gemma 4 is), in the order llama.cpp applies them:
+//! - only 2-D and 3-D (expert stack) tensors whose names end in `weight`
+//!   are quantized, never a `*_norm.weight`, never the MoE router
+//!   `ffn_gate_inp.weight` (the converter writes it F32), and never
+//!   `per_layer_model_proj.weight`, which keeps the source file's type (the
+//!   converter's default for Gemma's bf16 checkpoints is BF16);
 //! - the file type's base type: Q4_K (q4_k_m), Q5_K (q5_k_m), Q6_K (q6_k);
 //! - tied embeddings: `token_embd` and `per_layer_token_embd` take the output
 //!   tensor's rule, Q6_K (Q8_0 when a row is not whole 256-element
@@ -15,9 +17,12 @@
 //! - `attn_v`: in q4_k_m and q5_k_m, Q6_K when `use_more_bits(i, n)` holds
 //!   for its rank `i` among the file's `n` attn_v tensors in layer order
 //!   (KV-shared layers keep theirs, so they count; k_eq_v layers have none);
-//! - `ffn_down` of layer `i` of `n`: in q4_k_m and q5_k_m, Q6_K when
-//!   `use_more_bits(i, n)`;
-//! - everything else (attn_q, attn_k, attn_output, ffn_gate, ffn_up, the PLE
+//! - `ffn_down` of layer `i` of `n`, and on a MoE model `ffn_down_exps`
+//!   too (llama.cpp reads the layer from the name when the model has
+//!   experts, so both of a layer's down tensors share its rule): in q4_k_m
+//!   and q5_k_m, Q6_K when `use_more_bits(i, n)`;
+//! - everything else (attn_q, attn_k, attn_output, ffn_gate, ffn_up, the
+//!   expert `ffn_gate_up_exps` / `ffn_gate_exps` / `ffn_up_exps`, the PLE
 //!   `inp_gate` and `proj`) the base type;
 //! - last, a row (ne0) that is not a whole number of the chosen type's
 //!   blocks falls back: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and to F16
@@ -103,7 +108,10 @@ pub fn tensor_types(plan: &[TensorSpec], n_layers: usize, w: WeightType) -> Vec<
     plan.iter()
         .enumerate()
         .map(|(i, s)| {
-            if !matches!(s.role, TensorRole::Matrix | TensorRole::Embedding) {
+            if !matches!(
+                s.role,
+                TensorRole::Matrix | TensorRole::Embedding | TensorRole::Experts
+            ) {
                 return GgmlType::F32;
             }
             if s.name == "per_layer_model_proj.weight" {

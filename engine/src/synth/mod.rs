@@ -4,7 +4,11 @@
 //! (spec §4.1), the tensor names, shapes and count of `plan::tensor_plan`,
 //! the synthetic BPE vocab of the tokenizer module, and random weights
 //! scaled so activations stay O(1) through every layer:
-//! - projections: symmetric, std 1/sqrt(fan_in) (fan_in = ne0);
+//! - projections and expert stacks: symmetric, std 1/sqrt(fan_in) (fan_in
+//!   = ne0);
+//! - the MoE router: symmetric, std 1: its input is a weightless RMSNorm
+//!   scaled by 1/sqrt(d), a vector of norm ≈ 1, so the router logits are
+//!   O(1) and the routing is neither uniform nor one-hot;
 //! - `token_embd`: std 1/sqrt(d) (×sqrt(d) at lookup gives O(1));
 //!   `per_layer_token_embd`: std 1/sqrt(P) (×sqrt(P) at lookup);
 //! - norm weights uniform in [0.5, 1.5], except `attn_k_norm` in
@@ -21,7 +25,8 @@
 //!   scalars are smaller, but a trained model's blocks are not random;
 //! - `rope_freqs` exactly the converter's factors.
 //!
-//! Storage: 2-D matrices in the requested type; 1-D tensors F32; the two
+//! Storage: 2-D matrices and expert stacks in the requested type; 1-D
+//! tensors and the MoE router F32 (llama.cpp never quantizes the router); the two
 //! embedding tables as published files store them: Q8_0 for a q8_0 file,
 //! Q6_K for a q4_0 file (Q8_0 when the row is not a multiple of 256, as
 //! llama.cpp's quantizer falls back), the requested type for f32/f16/bf16.
@@ -52,18 +57,24 @@ pub enum SynthVariant {
     E4b,
     B12,
     B31,
+    /// The mixture-of-experts 26B-A4B.
+    B26A4b,
+    /// Every feature of 26B-A4B at tiny size (`presets::tiny_moe`).
+    TinyMoe,
 }
 
 impl SynthVariant {
-    pub const ALL: [SynthVariant; 5] = [
+    pub const ALL: [SynthVariant; 7] = [
         SynthVariant::Tiny,
         SynthVariant::E2b,
         SynthVariant::E4b,
         SynthVariant::B12,
         SynthVariant::B31,
+        SynthVariant::B26A4b,
+        SynthVariant::TinyMoe,
     ];
 
-    /// CLI name: tiny, e2b, e4b, 12b, 31b.
+    /// CLI name: tiny, e2b, e4b, 12b, 31b, 26b-a4b, tiny-moe.
     pub fn name(self) -> &'static str {
         match self {
             SynthVariant::Tiny => "tiny",
@@ -71,6 +82,8 @@ impl SynthVariant {
             SynthVariant::E4b => "e4b",
             SynthVariant::B12 => "12b",
             SynthVariant::B31 => "31b",
+            SynthVariant::B26A4b => "26b-a4b",
+            SynthVariant::TinyMoe => "tiny-moe",
         }
     }
 
@@ -213,6 +226,8 @@ pub fn preset(v: SynthVariant) -> Gemma4Config {
         SynthVariant::E4b => presets::e4b(),
         SynthVariant::B12 => presets::b12(),
         SynthVariant::B31 => presets::b31(),
+        SynthVariant::B26A4b => presets::b26_a4b(),
+        SynthVariant::TinyMoe => presets::tiny_moe(),
     }
 }
 
@@ -236,8 +251,11 @@ pub fn tensor_type(spec: &TensorSpec, w: WeightType) -> GgmlType {
         TensorRole::Matrix if w.is_kquant_mix() && spec.name == "per_layer_model_proj.weight" => {
             GgmlType::Bf16
         }
-        TensorRole::Matrix if w.is_kquant_mix() => mix::fallback(w.matrix_type(), spec.dims[0]),
-        TensorRole::Matrix => {
+        TensorRole::Router => GgmlType::F32,
+        TensorRole::Matrix | TensorRole::Experts if w.is_kquant_mix() => {
+            mix::fallback(w.matrix_type(), spec.dims[0])
+        }
+        TensorRole::Matrix | TensorRole::Experts => {
             let ty = w.matrix_type();
             if spec.dims[0] % ty.block_size() as u64 == 0 {
                 ty
@@ -273,9 +291,10 @@ pub fn tensor_dist(cfg: &Gemma4Config, spec: &TensorSpec) -> Dist {
                 std: 1.0 / (width as f32).sqrt(),
             }
         }
-        TensorRole::Matrix => Dist::Symmetric {
+        TensorRole::Matrix | TensorRole::Experts => Dist::Symmetric {
             std: 1.0 / (spec.dims[0] as f32).sqrt(),
         },
+        TensorRole::Router => Dist::Symmetric { std: 1.0 },
         TensorRole::Vector if spec.name.ends_with("attn_k_norm.weight") => {
             Dist::Range { lo: 0.08, hi: 0.2 }
         }
@@ -383,6 +402,17 @@ pub fn model_metadata(cfg: &Gemma4Config, w: WeightType) -> Vec<(String, GgufVal
     ];
     if let Some(cap) = cfg.final_logit_softcap {
         m.push((a("final_logit_softcapping"), GgufValue::F32(cap)));
+    }
+    if let Some(moe) = &cfg.moe {
+        m.push((a("expert_count"), GgufValue::U32(moe.n_experts as u32)));
+        m.push((
+            a("expert_used_count"),
+            GgufValue::U32(moe.n_experts_used as u32),
+        ));
+        m.push((
+            a("expert_feed_forward_length"),
+            GgufValue::U32(moe.expert_ffn_dim as u32),
+        ));
     }
     m
 }

@@ -1,8 +1,10 @@
 //! The published Gemma 4 text-decoder configs (spec §2) and `tiny`, a
-//! CPU-milliseconds model with every feature of the family.
+//! CPU-milliseconds model with every feature of the dense family, and
+//! `tiny-moe`, the same for the mixture-of-experts 26B-A4B.
 
 use crate::config::{
-    proportional_rope_factors, resolve_kv_donors, AttnKind, Gemma4Config, LayerConfig, RopeConfig,
+    proportional_rope_factors, resolve_kv_donors, AttnKind, Gemma4Config, LayerConfig, MoeConfig,
+    RopeConfig,
 };
 
 /// Published vocab of every released variant.
@@ -31,6 +33,8 @@ struct Shape {
     n_shared: usize,
     context: usize,
     vocab: usize,
+    /// The MoE FFN beside the dense shared MLP (`ffn`), on every layer.
+    moe: Option<MoeConfig>,
 }
 
 /// `groups` repetitions of `swa` SWA layers followed by one full layer.
@@ -96,6 +100,7 @@ fn build(s: Shape) -> Gemma4Config {
             freq_factors: Some(proportional_rope_factors(HD_FULL)),
         },
         layers,
+        moe: s.moe,
     }
 }
 
@@ -121,6 +126,7 @@ pub fn tiny() -> Gemma4Config {
         n_shared,
         context: 512,
         vocab: TINY_VOCAB,
+        moe: None,
     })
 }
 
@@ -143,6 +149,7 @@ pub fn e2b() -> Gemma4Config {
         n_shared: 20,
         context: 131_072,
         vocab: GEMMA4_VOCAB,
+        moe: None,
     })
 }
 
@@ -162,6 +169,7 @@ pub fn e4b() -> Gemma4Config {
         n_shared: 18,
         context: 131_072,
         vocab: GEMMA4_VOCAB,
+        moe: None,
     })
 }
 
@@ -181,6 +189,7 @@ pub fn b12() -> Gemma4Config {
         n_shared: 0,
         context: 262_144,
         vocab: GEMMA4_VOCAB,
+        moe: None,
     })
 }
 
@@ -200,5 +209,62 @@ pub fn b31() -> Gemma4Config {
         n_shared: 0,
         context: 262_144,
         vocab: GEMMA4_VOCAB,
+        moe: None,
+    })
+}
+
+/// 26B-A4B: 30 layers, 5 SWA + 1 full, KV heads 8 (SWA) / 2 (full,
+/// k_eq_v), a dense shared MLP of 2112 and 128 experts of 704, top-8, on
+/// every layer (fused `ffn_gate_up_exps`, as current conversions write it).
+pub fn b26_a4b() -> Gemma4Config {
+    build(Shape {
+        name: "26b-a4b",
+        d_model: 2816,
+        pattern: pattern(5, 5),
+        n_heads: 16,
+        kv_swa: 8,
+        kv_full: 2,
+        k_eq_v_full: true,
+        ffn: vec![2112; 30],
+        window: 1024,
+        ple_dim: 0,
+        n_shared: 0,
+        context: 262_144,
+        vocab: GEMMA4_VOCAB,
+        moe: Some(MoeConfig {
+            n_experts: 128,
+            n_experts_used: 8,
+            expert_ffn_dim: 704,
+            gate_up_fused: true,
+        }),
+    })
+}
+
+/// tiny-moe: every feature of 26B-A4B at CPU-milliseconds size. d 128, 6
+/// layers [S,S,F,S,S,F], 4 query heads, KV heads [2,2,1,2,2,1] (k_eq_v on
+/// full layers), window 8, shared MLP 256, 6 experts of 96, top-2, no PLE,
+/// no KV sharing. Six experts, not eight: llama.cpp's quantizer
+/// special-cases 8-expert models (Mixtral) in its k-quant mixes.
+pub fn tiny_moe() -> Gemma4Config {
+    build(Shape {
+        name: "tiny-moe",
+        d_model: 128,
+        pattern: pattern(2, 2),
+        n_heads: 4,
+        kv_swa: 2,
+        kv_full: 1,
+        k_eq_v_full: true,
+        ffn: vec![256; 6],
+        window: 8,
+        ple_dim: 0,
+        n_shared: 0,
+        context: 512,
+        vocab: TINY_VOCAB,
+        moe: Some(MoeConfig {
+            n_experts: 6,
+            n_experts_used: 2,
+            expert_ffn_dim: 96,
+            gate_up_fused: true,
+        }),
     })
 }

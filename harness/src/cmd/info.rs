@@ -6,8 +6,9 @@
 use crate::exit::Exit;
 use gemtune_engine::config::Gemma4Config;
 use gemtune_engine::gguf::{GgufFile, GgufValue};
+use gemtune_engine::plan::{active_share, tensor_plan, TensorRole};
 use gemtune_kernels::quant::{dequantize_row, GgmlType};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -42,6 +43,21 @@ fn scalar_value(f: &GgufFile, name: &str) -> anyhow::Result<Option<f32>> {
     Ok(Some(v[0]))
 }
 
+/// Parameters and bytes one token uses: every tensor of the file, each
+/// expert stack counted at `n_experts_used / n_experts` of its elements and
+/// bytes (every expert's slice of a stack has the same size).
+fn active_per_token(f: &GgufFile, cfg: &Gemma4Config) -> (u64, u64) {
+    let roles: HashMap<String, TensorRole> = tensor_plan(cfg)
+        .into_iter()
+        .map(|t| (t.name, t.role))
+        .collect();
+    f.tensors().iter().fold((0, 0), |(p, b), t| {
+        let role = roles.get(&t.name).copied().unwrap_or(TensorRole::Matrix);
+        let (num, den) = active_share(cfg, role);
+        (p + t.n_elements() * num / den, b + t.n_bytes() * num / den)
+    })
+}
+
 /// The whole report as text (kept apart from printing for tests).
 pub fn describe(f: &GgufFile, cfg: &Gemma4Config) -> anyhow::Result<String> {
     let mut s = String::new();
@@ -59,6 +75,17 @@ pub fn describe(f: &GgufFile, cfg: &Gemma4Config) -> anyhow::Result<String> {
     writeln!(s, "architecture  {arch}")?;
     writeln!(s, "name          {}", cfg.name.as_deref().unwrap_or("-"))?;
     writeln!(s, "parameters    {} ({params})", format_params(params))?;
+    if let Some(moe) = &cfg.moe {
+        let (active, active_bytes) = active_per_token(f, cfg);
+        writeln!(
+            s,
+            "active        {} ({active}) per token, {active_bytes} B: {} of {} experts, expert FFN {}",
+            format_params(active),
+            moe.n_experts_used,
+            moe.n_experts,
+            moe.expert_ffn_dim
+        )?;
+    }
     writeln!(s, "tensors       {}", f.tensors().len())?;
     writeln!(s, "file bytes    {}", f.file_len())?;
     writeln!(s, "context       {}", cfg.context_length)?;

@@ -27,6 +27,14 @@ pub enum Variant {
     /// Gemma 4 31B (60 layers, k_eq_v full layers, 30.7 B parameters).
     #[value(name = "31b")]
     B31,
+    /// Gemma 4 26B-A4B (30 layers, 128 experts, top-8, shared MLP 2112,
+    /// 25.2 B parameters, 3.82 B active per token).
+    #[value(name = "26b-a4b")]
+    B26A4b,
+    /// Every 26B-A4B feature at CPU-milliseconds size (d 128, 6 layers,
+    /// 6 experts, top-2, vocab 2048).
+    #[value(name = "tiny-moe")]
+    TinyMoe,
 }
 
 impl From<Variant> for SynthVariant {
@@ -37,6 +45,8 @@ impl From<Variant> for SynthVariant {
             Variant::E4b => SynthVariant::E4b,
             Variant::B12 => SynthVariant::B12,
             Variant::B31 => SynthVariant::B31,
+            Variant::B26A4b => SynthVariant::B26A4b,
+            Variant::TinyMoe => SynthVariant::TinyMoe,
         }
     }
 }
