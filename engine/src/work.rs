@@ -12,7 +12,8 @@
 //! FLOPs (one multiply-add = 2): the weight matmuls of the rows each layer
 //! runs (Q, K and V on layers that own a cache, V only where it is not the
 //! K projection, O, gate, up, down, the per-layer-embedding gate and
-//! projection, and the per-layer model projection of every row), attention
+//! projection, on MoE models the router and the chosen experts' gate, up
+//! and down, and the per-layer model projection of every row), attention
 //! as QKᵀ and PV over the keys each query sees (causal; a sliding layer sees
 //! at most the window), and the tied head for the rows whose logits are
 //! wanted. Norms, RoPE and elementwise work are left out (a fraction of a
@@ -104,7 +105,13 @@ fn layer_weight_elements(cfg: &Gemma4Config, l: usize) -> u64 {
         (true, true) => 1,
         (true, false) => 2,
     };
-    d * q + kv_mats * d * kv + q * d + 3 * d * ff + 2 * d * p
+    // MoE layers: the dense shared MLP (`ffn_dim`) beside the router and
+    // the experts a row is routed to (each row multiplies its own chosen
+    // experts; grouping rows by expert saves bytes, not arithmetic).
+    let moe = cfg.moe.as_ref().map_or(0, |m| {
+        d * m.n_experts as u64 + m.n_experts_used as u64 * 3 * d * m.expert_ffn_dim as u64
+    });
+    d * q + kv_mats * d * kv + q * d + 3 * d * ff + 2 * d * p + moe
 }
 
 /// Keys a query at position `pos` sees on a layer of `kind`.
@@ -259,6 +266,26 @@ mod tests {
         let chunked = forward_work(&c, 0, n, 100, LogitRows::All, RowWork::Full);
         assert_eq!(chunked.attention_flop, want);
         assert_eq!(chunked.matmul_flop, w.matmul_flop);
+    }
+
+    #[test]
+    fn moe_layers_count_the_router_and_the_chosen_experts_only() {
+        let c = cfg(SynthVariant::B26A4b);
+        let m = c.moe.clone().expect("26B-A4B is a MoE model");
+        let w = forward_work(&c, 0, 1, 1, LogitRows::Last, RowWork::Trimmed);
+        let mut dense = c.clone();
+        dense.moe = None;
+        let wd = forward_work(&dense, 0, 1, 1, LogitRows::Last, RowWork::Trimmed);
+        let per_layer =
+            (c.d_model * m.n_experts + m.n_experts_used * 3 * c.d_model * m.expert_ffn_dim) as f64;
+        assert_eq!(
+            w.matmul_flop - wd.matmul_flop,
+            2.0 * per_layer * c.n_layers as f64
+        );
+        assert_eq!(
+            (m.n_experts, m.n_experts_used, m.expert_ffn_dim),
+            (128, 8, 704)
+        );
     }
 
     #[test]

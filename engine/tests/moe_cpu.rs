@@ -327,6 +327,7 @@ fn prefill_equals_decodes_for_every_weight_type() {
         let opts = |mb| CpuOptions {
             max_seq: 64,
             max_batch: mb,
+            ..Default::default()
         };
         let mut whole = CpuEngine::new(&model, opts(64)).unwrap();
         let a = whole.forward(&toks, LogitRows::All).unwrap();
