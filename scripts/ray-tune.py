@@ -66,7 +66,10 @@ def unpack(data, dest):
             # Shard archives hold plain files and directories of one report.
             if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in m.name:
                 raise ValueError(f"unexpected member {m.name!r} in a shard archive")
-        tar.extractall(dest)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:
+            tar.extractall(dest)
 
 
 def run_with_ray(opts, binary, args, cwd, env_extra):
