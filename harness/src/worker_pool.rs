@@ -170,7 +170,11 @@ where
                         }
                     };
                     let (p, task) = next;
-                    let r = w.run(&task);
+                    // A panic in a worker becomes its death, so the task
+                    // still counts as answered and the pool never waits
+                    // for it.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&task)))
+                        .unwrap_or_else(|_| Err(WorkerError::Dead("the worker panicked".into())));
                     let dead = matches!(r, Err(WorkerError::Dead(_)));
                     let result = r.map_err(|e| e.to_string());
                     let why = result.as_ref().err().cloned();
@@ -429,25 +433,26 @@ mod tests {
     }
 
     /// Every task runs exactly once, spread over the workers, and a worker
-    /// that dies mid-way hands its queue to the others.
+    /// that dies (or panics) mid-way hands its queue to the others.
     #[test]
     fn tasks_run_once_across_workers() {
         struct W {
             id: usize,
-            seen: usize,
         }
         impl Worker<usize, (usize, usize)> for W {
             fn run(&mut self, t: &usize) -> Result<(usize, usize), WorkerError> {
-                self.seen += 1;
-                if self.id == 2 && self.seen == 3 {
+                if *t == 30 {
                     return Err(WorkerError::Dead("gone".into()));
+                }
+                if *t == 17 {
+                    panic!("a worker bug");
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 Ok((*t, self.id))
             }
         }
         let starters: Vec<Starter<'_, W>> = (0..3)
-            .map(|id| Box::new(move || Ok(W { id, seen: 0 })) as Starter<'_, W>)
+            .map(|id| Box::new(move || Ok(W { id })) as Starter<'_, W>)
             .collect();
         let mut ok = Vec::new();
         let mut failed = Vec::new();
@@ -465,8 +470,8 @@ mod tests {
             },
         );
         assert!(end.not_run.is_empty());
-        assert_eq!(end.lost_workers.len(), 1);
-        assert_eq!(failed.len(), 1);
+        assert_eq!(end.lost_workers.len(), 2);
+        assert_eq!(failed.len(), 2);
         let mut all: Vec<usize> = ok.iter().chain(&failed).copied().collect();
         all.sort();
         assert_eq!(all, (0..40).collect::<Vec<_>>());

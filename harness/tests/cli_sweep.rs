@@ -360,30 +360,27 @@ fn gpu_count() -> usize {
 }
 
 fn tune(out: &Path, extra: &[&str]) -> std::process::Output {
-    common::gemtune()
-        .current_dir(common::repo_root())
+    tune_cmd(out, extra).output().expect("run gemtune")
+}
+
+/// A small gemv sweep: 2 shapes x 2 token counts x every variant, L2 only.
+fn tune_cmd(out: &Path, extra: &[&str]) -> std::process::Command {
+    let mut c = common::gemtune();
+    c.current_dir(common::repo_root())
+        .args(["tune", "gemv", "--shapes", "decode.toml", "--tokens", "1,4"])
         .args([
-            "tune",
-            "gemv",
-            "--shapes",
-            "decode.toml",
-            "--tokens",
-            "1,4",
+            "--shape",
+            "e4b.ffn_up",
+            "--shape",
+            "e4b.attn_q",
             "--regime",
             "l2",
-            "--budget-ms",
-            "10",
-            "--min-reps",
-            "5",
-            "--max-reps",
-            "20",
-            "--no-reference",
-            "--out",
         ])
+        .args(["--budget-ms", "10", "--min-reps", "5", "--max-reps", "20"])
+        .args(["--no-reference", "--out"])
         .arg(out)
-        .args(extra)
-        .output()
-        .expect("run gemtune")
+        .args(extra);
+    c
 }
 
 /// Every GPU of the host: the same cells as one GPU, rows of every GPU,
@@ -406,6 +403,7 @@ fn tune_on_every_gpu_times_the_cells_of_one_gpu() {
             .map(|r| (r.variant, r.shape, r.regime))
             .collect()
     };
+    assert!(!cells(&one).is_empty(), "nothing timed on one GPU");
     assert_eq!(cells(&one), cells(&all));
     let used: BTreeSet<Option<usize>> = read_csv::<TuneRow>(&all.join("results.csv"))
         .unwrap()
@@ -425,7 +423,8 @@ fn tune_on_every_gpu_times_the_cells_of_one_gpu() {
 }
 
 /// A GPU check on every GPU, and a tune stopped by SIGTERM then resumed:
-/// the resumed report holds every cell of an uninterrupted one.
+/// the resumed report holds every cell of an uninterrupted one, and the
+/// timings finished before the stop are not measured again.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_check_pool_and_tune_resume() {
@@ -434,15 +433,8 @@ fn gpu_check_pool_and_tune_resume() {
     let c = tmp.path().join("check");
     let o = common::gemtune()
         .current_dir(common::repo_root())
-        .args([
-            "check",
-            "gemv",
-            "--shapes",
-            "decode.toml",
-            "--tokens",
-            "1",
-            "--out",
-        ])
+        .args(["check", "gemv", "--shapes", "decode.toml", "--tokens", "1"])
+        .args(["--shape", "e4b.ffn_up", "--out"])
         .arg(&c)
         .output()
         .unwrap();
@@ -454,36 +446,16 @@ fn gpu_check_pool_and_tune_resume() {
     let whole = tmp.path().join("whole");
     ok(&tune(&whole, &[]));
     let part = tmp.path().join("part");
-    let mut child = common::gemtune()
-        .current_dir(common::repo_root())
-        .args([
-            "tune",
-            "gemv",
-            "--shapes",
-            "decode.toml",
-            "--tokens",
-            "1,4",
-            "--regime",
-            "l2",
-            "--budget-ms",
-            "10",
-            "--min-reps",
-            "5",
-            "--max-reps",
-            "20",
-            "--no-reference",
-            "--out",
-        ])
-        .arg(&part)
-        .spawn()
-        .unwrap();
+    let mut child = tune_cmd(&part, &[]).spawn().unwrap();
     // Stop it once some timings are logged.
     let logp = part.join(LOG_FILE);
-    for _ in 0..600 {
-        let n = std::fs::read_to_string(&logp)
+    let timings = || {
+        std::fs::read_to_string(&logp)
             .map(|t| t.matches("\"stage\":\"l2\"").count())
-            .unwrap_or(0);
-        if n >= 2 {
+            .unwrap_or(0)
+    };
+    for _ in 0..600 {
+        if timings() >= 2 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -491,8 +463,17 @@ fn gpu_check_pool_and_tune_resume() {
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
-    let _ = child.wait();
-    ok(&tune(&part, &[]));
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "SIGTERM exits 130");
+    let before = timings();
+    assert!(before >= 2, "{before} timings logged before the stop");
+    let o = tune(&part, &[]);
+    ok(&o);
+    let err = common::text(&o.stderr);
+    assert!(
+        err.contains(&format!("{before} timings finished")),
+        "the resume reuses the {before} logged timings:\n{err}"
+    );
     let key = |d: &Path| -> BTreeSet<(String, String)> {
         read_csv::<TuneRow>(&d.join("results.csv"))
             .unwrap()
@@ -501,5 +482,6 @@ fn gpu_check_pool_and_tune_resume() {
             .map(|r| (r.variant, r.shape))
             .collect()
     };
+    assert!(!key(&whole).is_empty());
     assert_eq!(key(&part), key(&whole));
 }

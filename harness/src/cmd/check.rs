@@ -265,6 +265,10 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     if a.sweep.serve {
         return serve(&a, &jobs, arch_arg);
     }
+    if a.compile_only && !a.sweep.devices.is_empty() {
+        eprintln!("error: --devices names GPUs for a GPU check; --compile-only spreads over --workers N processes");
+        return Ok(Exit::Infra);
+    }
     if a.sweep.workers.is_some() && !a.compile_only {
         eprintln!("error: --workers applies to --compile-only; a GPU check runs one worker per GPU of --devices");
         return Ok(Exit::Infra);
