@@ -87,20 +87,25 @@ const FAMILIES: &str = "quantize_q8_1,softcap";
 
 /// `gemtune check --compile-only` of `FAMILIES` into `out`.
 fn check(out: &Path, extra: &[&str]) -> std::process::Output {
-    common::gemtune()
-        .current_dir(common::repo_root())
+    check_cmd(FAMILIES, out, extra)
+        .output()
+        .expect("run gemtune")
+}
+
+fn check_cmd(families: &str, out: &Path, extra: &[&str]) -> std::process::Command {
+    let mut c = common::gemtune();
+    c.current_dir(common::repo_root())
         .args([
             "check",
-            FAMILIES,
+            families,
             "--compile-only",
             "--arch",
             "sm_90",
             "--out",
         ])
         .arg(out)
-        .args(extra)
-        .output()
-        .expect("run gemtune")
+        .args(extra);
+    c
 }
 
 fn ok(o: &std::process::Output) {
@@ -279,6 +284,56 @@ fn resume_after_a_kill_gives_the_uninterrupted_cell_set() {
         &["--resume", tmp.path().join("none").to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(4), "{}", common::log(&o));
+}
+
+/// A compile-only run killed (SIGKILL) while its worker compiles: the
+/// rerun reads back every record the killed run completed, runs only the
+/// rest, and ends with the rows of an uninterrupted run.
+#[test]
+fn a_run_killed_mid_way_resumes_without_losing_a_cell() {
+    require_nvrtc();
+    let tmp = tempfile::tempdir().unwrap();
+    let fam = "qk_norm_rope";
+    let whole = tmp.path().join("whole");
+    ok(&check_cmd(fam, &whole, &[]).output().unwrap());
+    let cells = RunInfo::read(&whole).unwrap().cells;
+    // One worker process compiling without the cubin cache: slow enough
+    // to be killed after its first define sets.
+    let part = tmp.path().join("part");
+    let mut child = check_cmd(fam, &part, &["--no-cache", "--workers", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let logged = || {
+        std::fs::read(part.join(LOG_FILE))
+            .map(|b| b.iter().filter(|&&c| c == b'\n').count())
+            .unwrap_or(0)
+    };
+    let t0 = std::time::Instant::now();
+    while logged() < 2 && t0.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), None, "the run ended before it was killed");
+    let finished = ResultsLog::open(&part.join(LOG_FILE))
+        .unwrap()
+        .records()
+        .len();
+    assert!(finished >= 2 && finished < cells, "{finished} of {cells}");
+    let o = check_cmd(fam, &part, &[]).output().unwrap();
+    ok(&o);
+    let err = common::text(&o.stderr);
+    assert!(err.contains(&format!("{finished} finished")), "{err}");
+    assert_eq!(rows(&part), rows(&whole));
+    assert_eq!(
+        ResultsLog::open(&part.join(LOG_FILE))
+            .unwrap()
+            .records()
+            .len(),
+        cells
+    );
 }
 
 /// Compile-only worker processes, handed define sets as they finish,
