@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn moe_layers_count_the_router_and_the_chosen_experts_only() {
         let c = cfg(SynthVariant::B26A4b);
-        let m = c.moe.clone().expect("26B-A4B is a MoE model");
+        let m = c.moe.expect("26B-A4B is a MoE model");
         let w = forward_work(&c, 0, 1, 1, LogitRows::Last, RowWork::Trimmed);
         let mut dense = c.clone();
         dense.moe = None;

@@ -5,6 +5,7 @@
 
 pub mod ab;
 pub mod attn_summary;
+pub mod cells;
 pub mod checker;
 pub mod compare;
 pub mod hash;
@@ -13,7 +14,9 @@ pub mod plots;
 pub mod references;
 pub mod report;
 pub mod results;
+pub mod results_cache;
 pub mod roofline;
+pub mod run_info;
 pub mod scratch;
 pub mod search;
 pub mod spec;
@@ -21,3 +24,4 @@ pub mod stats;
 pub mod tuned;
 pub mod util;
 pub mod verdict;
+pub mod worker_pool;

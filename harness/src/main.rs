@@ -53,6 +53,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Interleaved end-to-end A/B of two engine arms: numerics gate, then a verdict per phase.
     Ab(cmd::ab::Args),
+    /// Join the report directories of sweep shards (check or tune --shard I/N) into one report.
+    Merge(cmd::merge::Args),
     /// Compare two result files (tune, check, bench, ab, compile) and flag regressions.
     Report(cmd::report::Args),
 }
@@ -106,6 +108,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Ab(a) => cmd::ab::run(a),
         Command::Report(a) => cmd::report::run(a),
+        Command::Merge(a) => cmd::merge::run(a),
     };
     gemtune::interrupt::settle();
     // Compile recoveries (retries for a complete ptxas report, cubin

@@ -12,7 +12,9 @@ use std::path::Path;
 /// not be timed) and the sampled-clock columns.
 /// 3: `problem` (every dimension of the shape, for attention and row-wise
 /// shapes whose m/n/k/wtype columns carry only part of it).
-pub const SCHEMA_VERSION: u32 = 3;
+/// 4: `device_index` (the GPU a row ran on; several per run with
+/// `--devices`) and, in `results.csv`, `pci_bus_id`.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// `kind` of a row measuring one of our kernel variants.
 pub const KIND_VARIANT: &str = "variant";
@@ -63,6 +65,10 @@ pub struct CheckRow {
     pub seed: Option<u64>,
     pub defines: String,
     pub nvrtc_version: String,
+    /// CUDA ordinal of the GPU the cell was checked on (schema 4); empty
+    /// for compile-only rows.
+    #[serde(default)]
+    pub device_index: Option<usize>,
 }
 
 /// One row of `results.csv`. Columns added after schema 1 default when
@@ -171,6 +177,12 @@ pub struct TuneRow {
     pub clock_note: String,
     /// Raw per-sample times, us, separated by ';'.
     pub samples_us: String,
+    /// CUDA ordinal and PCI bus id of the GPU the row was measured on
+    /// (schema 4).
+    #[serde(default)]
+    pub device_index: Option<usize>,
+    #[serde(default)]
+    pub pci_bus_id: String,
 }
 
 impl TuneRow {

@@ -257,12 +257,23 @@ fn tune_on_sigterm_writes_what_it_measured() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for("the first timed row", 600, || {
-        std::fs::read_to_string(out.join("results.csv")).is_ok_and(|t| t.lines().count() > 2)
-    });
+    // Finished stages reach the results log (cells.jsonl) as they finish;
+    // the report files are written when the run stops.
+    let timings = || {
+        std::fs::read_to_string(out.join("cells.jsonl"))
+            .map(|t| t.matches("\"stage\":\"dram\"").count())
+            .unwrap_or(0)
+    };
+    wait_for("the first timed row", 600, || timings() >= 2);
     signal(&child, Signal::SIGTERM);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     let summary = std::fs::read_to_string(out.join("summary.md")).expect("summary.md");
     assert!(summary.contains("interrupted"), "{summary}");
+    let rows: Vec<gemtune::results::TuneRow> =
+        gemtune::results::read_csv(&out.join("results.csv")).expect("results.csv");
+    assert!(
+        rows.iter().filter(|r| r.is_timed()).count() >= timings(),
+        "every logged timing is in results.csv"
+    );
 }

@@ -122,6 +122,8 @@ fn tune_row(
         clock_reasons: String::new(),
         clock_note: String::new(),
         samples_us: results::join_samples(&[median * 0.98, median, median * 1.03]),
+        device_index: Some(0),
+        pci_bus_id: "00000000:1B:00.0".into(),
     }
 }
 
@@ -178,7 +180,7 @@ fn results_csv_round_trips_at_full_precision() {
         "{}",
         &header[..60]
     );
-    assert_eq!(results::SCHEMA_VERSION, 3);
+    assert_eq!(results::SCHEMA_VERSION, 4);
     assert_eq!(results::split_samples(&back[0].samples_us).len(), 3);
 
     let check = vec![CheckRow {
@@ -210,6 +212,7 @@ fn results_csv_round_trips_at_full_precision() {
         seed: Some(u64::MAX),
         defines: "ALGO=0 WTYPE=Q8_0".into(),
         nvrtc_version: "13.0".into(),
+        device_index: Some(1),
     }];
     let p = dir.path().join("check.csv");
     results::write_csv(&p, &check).unwrap();

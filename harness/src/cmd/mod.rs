@@ -6,6 +6,7 @@ pub mod check;
 pub mod demo;
 pub mod info;
 pub mod logits;
+pub mod merge;
 pub mod report;
 pub mod run;
 pub mod search_replay;

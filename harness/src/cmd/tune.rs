@@ -1,33 +1,50 @@
 //! `gemtune tune FAMILY[,FAMILY] --shapes FILE`: check first, then time every
 //! passing variant x shape x regime, and write one compact report directory:
-//! check.csv, results.csv, summary.md, time.png, roofline.png and one
-//! heatmap-<family>.png per family with a two-axis sweep. `--promote` merges
-//! the per-shape winners into variants/tuned/sm_XX.toml.
+//! check.csv, results.csv, summary.md, time.png, roofline.png, one
+//! heatmap-<family>.png per family with a two-axis sweep, run.json and the
+//! results log cells.jsonl. `--promote` merges the per-shape winners into
+//! variants/tuned/sm_XX.toml.
 //!
-//! The L2 phase runs before the DRAM phase (cold and hot cells are never
-//! interleaved). Ctrl-C stops after the current measurement; everything
+//! Every GPU of `--devices` (default: all visible) runs one worker (a
+//! `tune --serve` process each when there are several, in this process for
+//! one) that owns its GPU: a cell's timing never shares a GPU. Cells are
+//! handed out as workers finish: every check first, then every L2 timing,
+//! then every DRAM timing (cold and hot cells are never interleaved). The
+//! define sets are compiled once up front into the cubin cache, where the
+//! workers load them from. Each finished stage is appended to cells.jsonl,
+//! so a rerun into the same directory (or `--resume DIR`) measures only
+//! what is missing; `--shard I/N` takes a slice of the cells for
+//! `gemtune merge`. Ctrl-C stops after the current measurements; everything
 //! measured so far is still written.
 //!
 //! `--strategy` / `--max-evals` / `--time-limit` replace the check of every
 //! cell and the timing of every passing one by one search per (family,
-//! shape, regime) (`tune_search`); the rest of the run is the same.
+//! shape, regime) (`tune_search`), run on the first GPU of `--devices` in
+//! this process (an evaluation's next point depends on the last one's
+//! time); the report is the same.
 //!
 //! Vendor references (cuBLAS bf16 and int8 GEMM, `--no-reference` turns
-//! them off) are checked against the oracle with the variants, then timed
-//! at the same problems in each phase after the variants, by the same loop;
-//! a reference that cannot run (cuBLAS not loadable, a shape it does not
-//! support, a failed check) still gets its rows, with the verdict and
-//! reason instead of numbers. NVML samples the clocks in the background
-//! throughout; each row keeps the clocks seen during its measured samples.
+//! them off) are checked against the oracle and timed on the first GPU
+//! after the variants, in shard 1 only; a reference that cannot run
+//! (cuBLAS not loadable, a shape it does not support, a failed check)
+//! still gets its rows, with the verdict and reason instead of numbers.
+//! NVML samples the clocks in the background throughout; each row keeps
+//! the clocks seen during its measured samples.
 
 use super::tune_search::{SearchArgs, Searcher};
+use crate::cmd::check::{self, SweepArgs};
 use crate::exit::Exit;
-use gemtune::checker::{self, CheckOptions, FamilyJob, Passing};
+use gemtune::cells::{CellId, WorkCell};
+use gemtune::checker::{self, CheckOptions, Compiled};
 use gemtune::references::{self, RefJob};
+use gemtune::results::CheckRow;
 use gemtune::results::{join_samples, write_csv, TuneRow, KIND_REFERENCE, KIND_VARIANT};
+use gemtune::results_cache::{Record, ResultsLog, RunKey, STAGE_CHECK};
 use gemtune::roofline::{self, DevicePeaks, Instr};
+use gemtune::run_info::RunInfo;
 use gemtune::spec::Shape;
 use gemtune::stats;
+use gemtune::worker_pool::{run_pool, Done, FnWorker, ProcessWorker, Starter};
 use gemtune_kernels::clocks::{reason_names, ClockSampler};
 use gemtune_kernels::defines::canonical;
 use gemtune_kernels::gpu::{DeviceInfo, Gpu};
@@ -37,6 +54,7 @@ use gemtune_kernels::timing::{
 };
 use gemtune_kernels::workload::OpKind;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -89,12 +107,14 @@ pub struct Args {
     /// Seed of the bootstrap resampling and of the search strategy.
     #[arg(long, default_value_t = 0x5eed, value_parser = crate::cli::seed)]
     pub seed: u64,
-    #[command(flatten)]
-    pub search: SearchArgs,
     /// Leave out the vendor reference rows (cuBLAS bf16 / int8 GEMM at the
     /// same shapes and regimes).
     #[arg(long)]
     pub no_reference: bool,
+    #[command(flatten)]
+    pub sweep: SweepArgs,
+    #[command(flatten)]
+    pub search: SearchArgs,
 }
 
 /// NVML polling period: most cells measure for tens of ms and see several
@@ -218,6 +238,8 @@ fn untimed_row(
         clock_reasons: String::new(),
         clock_note: String::new(),
         samples_us: String::new(),
+        device_index: Some(cx.info.ordinal),
+        pci_bus_id: cx.info.pci_bus_id.clone(),
     }
 }
 
@@ -310,63 +332,6 @@ fn timed_row(cx: &RunCtx<'_>, id: Ident<'_>, t: &Timing) -> TuneRow {
     row
 }
 
-/// Times one passing cell in one regime: its row, or the note saying why
-/// it could not be timed.
-fn time_cell(
-    cx: &RunCtx<'_>,
-    gpu: &Gpu,
-    jobs: &[FamilyJob],
-    ps: &Passing,
-    regime: Regime,
-    cfg: &TimingConfig,
-) -> Result<TuneRow, String> {
-    let job = &jobs[ps.job];
-    let p = &job.points[ps.point];
-    let s = &job.shapes[ps.shape];
-    let t = time_variant(
-        gpu,
-        job.family,
-        &ps.cv,
-        &ps.defines,
-        &s.problem(),
-        regime,
-        cfg,
-    )
-    .map_err(|e| {
-        format!(
-            "{} {} {} {}: timing failed: {e}",
-            job.family.name(),
-            p.id,
-            s.name,
-            rname(regime)
-        )
-    })?;
-    let (regs, spill, smem) = match ps.cv.function(
-        &job.family
-            .validate(&ps.defines, &s.problem(), &gpu.limits())
-            .map(|g| g.kernel)
-            .unwrap_or_default(),
-    ) {
-        Some(f) => (f.registers, f.spill_bytes, f.static_smem),
-        None => (ps.cv.registers, ps.cv.spill_bytes, ps.cv.static_smem),
-    };
-    let id = Ident {
-        kind: KIND_VARIANT,
-        family: job.family.name().to_string(),
-        variant: p.id.clone(),
-        hash: p.hash.clone(),
-        base: p.base.clone(),
-        defines: canonical(&ps.defines),
-        shape: s,
-        spec_sha256: job.spec.sha256.clone(),
-        source_sha256: job.source_sha256.clone(),
-        resources: (regs, spill, smem, ps.dyn_smem),
-        instr: roofline::instr_of(job.family.name(), &ps.defines),
-        reason: String::new(),
-    };
-    Ok(timed_row(cx, id, &t))
-}
-
 fn ref_ident(j: &RefJob) -> Ident<'_> {
     Ident {
         kind: KIND_REFERENCE,
@@ -382,6 +347,234 @@ fn ref_ident(j: &RefJob) -> Ident<'_> {
         instr: roofline::instr_of_reference(j.kind.name()),
         reason: String::new(),
     }
+}
+
+/// What a tune worker is handed: a cell's check, or its timing in one
+/// regime ("l2" | "dram") once its check passed.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum TuneTask {
+    Check(CellId),
+    Time(CellId, String),
+}
+
+/// A tune worker's answer.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum TuneAnswer {
+    Check(Box<CheckRow>),
+    Time(Box<TuneRow>),
+}
+
+/// Checks come first, then every L2 timing, then every DRAM timing: the
+/// pool never starts a later phase while an earlier one has work left, so
+/// cold and hot measurements are never interleaved on a GPU.
+fn phase(t: &TuneTask) -> usize {
+    match t {
+        TuneTask::Check(_) => 0,
+        TuneTask::Time(_, r) if r == "l2" => 1,
+        TuneTask::Time(..) => 2,
+    }
+}
+
+fn regime_named(name: &str) -> Regime {
+    if name == "l2" {
+        Regime::L2
+    } else {
+        Regime::Dram
+    }
+}
+
+/// The options a `tune` worker needs to plan and time the same cells.
+fn worker_args(a: &Args) -> Vec<String> {
+    let mut v = vec!["tune".to_string(), a.family.clone()];
+    for x in &a.shapes {
+        v.extend(["--shapes".into(), x.clone()]);
+    }
+    for x in &a.variants {
+        v.extend(["--variant".into(), x.clone()]);
+    }
+    if !a.tokens.is_empty() {
+        let t: Vec<String> = a.tokens.iter().map(|t| t.to_string()).collect();
+        v.extend(["--tokens".into(), t.join(",")]);
+    }
+    for x in &a.shape_filter {
+        v.extend(["--shape".into(), x.clone()]);
+    }
+    if let Some(x) = &a.variants_dir {
+        v.extend(["--variants-dir".into(), x.display().to_string()]);
+    }
+    v.extend([
+        "--budget-ms".into(),
+        a.budget_ms.to_string(),
+        "--min-reps".into(),
+        a.min_reps.to_string(),
+        "--max-reps".into(),
+        a.max_reps.to_string(),
+        "--check-max-m".into(),
+        a.check_max_m.to_string(),
+        "--seed".into(),
+        a.seed.to_string(),
+    ]);
+    v
+}
+
+/// One GPU's worker: the cell runner (which owns the GPU), the device's
+/// measured ceilings and its clock sampler.
+struct TuneWorker<'a> {
+    runner: checker::CellRunner<'a>,
+    info: DeviceInfo,
+    ceil: Ceilings,
+    peaks: Option<&'static DevicePeaks>,
+    sampler: Option<ClockSampler>,
+    nvrtc: String,
+    seed: u64,
+    cfg: TimingConfig,
+}
+
+impl<'a> TuneWorker<'a> {
+    fn start(
+        device: usize,
+        jobs: &'a [checker::FamilyJob],
+        planned: &'a [Vec<gemtune::spec::Cell>],
+        cells: &[WorkCell],
+        opts: &'a CheckOptions,
+        a: &Args,
+    ) -> Result<Self, String> {
+        let gpu = Gpu::new(device).map_err(|e| format!("GPU {device}: {e}"))?;
+        let info = gpu.info().clone();
+        let ceil = measure_ceilings(&gpu).map_err(|e| format!("GPU {device}: ceilings: {e}"))?;
+        let sampler = ClockSampler::start(&info.pci_bus_id, CLOCK_PERIOD).ok();
+        Ok(TuneWorker {
+            peaks: roofline::peaks_for(&info.name, info.cc),
+            runner: checker::CellRunner::new(jobs, planned, cells, Some(gpu), opts),
+            info,
+            ceil,
+            sampler,
+            nvrtc: nvrtc_string(),
+            seed: a.seed,
+            cfg: TimingConfig {
+                budget_ms: a.budget_ms,
+                min_reps: a.min_reps,
+                max_reps: a.max_reps,
+                ..TimingConfig::default()
+            },
+        })
+    }
+
+    fn handle(&mut self, t: &TuneTask) -> Result<TuneAnswer, String> {
+        match t {
+            TuneTask::Check(id) => {
+                let mut rows = self.runner.run(std::slice::from_ref(id), |_| {})?;
+                let (_, mut row) = rows.pop().ok_or("no row")?;
+                row.device_index = Some(self.info.ordinal);
+                Ok(TuneAnswer::Check(Box::new(row)))
+            }
+            TuneTask::Time(id, regime) => {
+                let wc = self
+                    .runner
+                    .cell(id)
+                    .cloned()
+                    .ok_or_else(|| format!("{id}: not a cell of this plan"))?;
+                self.runner.compile(&[&wc], |_| {});
+                let cv = match self.runner.compiled(&wc) {
+                    Compiled::Done(cv) => cv,
+                    Compiled::Failed(e) => return Err(format!("compile failed: {e}")),
+                    Compiled::NotRun => return Err("not compiled".into()),
+                };
+                let job = self.runner.job(&wc);
+                let c = self.runner.plan_cell(&wc);
+                let p = &job.points[wc.point];
+                let s = &job.shapes[wc.shape];
+                let gpu = self.runner.gpu().ok_or("no GPU")?;
+                let regime = regime_named(regime);
+                let t = time_variant(
+                    gpu,
+                    job.family,
+                    &cv,
+                    &c.defines,
+                    &s.problem(),
+                    regime,
+                    &self.cfg,
+                )
+                .map_err(|e| format!("timing failed: {e}"))?;
+                let dyn_smem = c.outcome.as_ref().map(|g| g.dyn_smem).unwrap_or(0);
+                let kernel = job
+                    .family
+                    .validate(&c.defines, &s.problem(), &gpu.limits())
+                    .map(|g| g.kernel)
+                    .unwrap_or_default();
+                let (regs, spill, smem) = match cv.function(&kernel) {
+                    Some(f) => (f.registers, f.spill_bytes, f.static_smem),
+                    None => (cv.registers, cv.spill_bytes, cv.static_smem),
+                };
+                let cx = RunCtx {
+                    info: &self.info,
+                    ceil: &self.ceil,
+                    peaks: self.peaks,
+                    nvrtc: self.nvrtc.clone(),
+                    seed: self.seed,
+                    sampler: self.sampler.as_ref(),
+                };
+                let ident = Ident {
+                    kind: KIND_VARIANT,
+                    family: job.family.name().to_string(),
+                    variant: p.id.clone(),
+                    hash: p.hash.clone(),
+                    base: p.base.clone(),
+                    defines: canonical(&c.defines),
+                    shape: s,
+                    spec_sha256: job.spec.sha256.clone(),
+                    source_sha256: job.source_sha256.clone(),
+                    resources: (regs, spill, smem, dyn_smem),
+                    instr: roofline::instr_of(job.family.name(), &c.defines),
+                    reason: String::new(),
+                };
+                Ok(TuneAnswer::Time(Box::new(timed_row(&cx, ident, &t))))
+            }
+        }
+    }
+}
+
+fn nvrtc_string() -> String {
+    gemtune_kernels::compile::nvrtc_version()
+        .map(|v| format!("{}.{}", v.0, v.1))
+        .unwrap_or_else(|e| e.to_string())
+}
+
+fn check_options(arch: gemtune_kernels::compile::Arch, a: &Args, stop: bool) -> CheckOptions {
+    CheckOptions {
+        arch,
+        target: arch.to_string(),
+        compile_only: false,
+        cache: gemtune_kernels::compile::default_cache_dir(),
+        check_max_m: Some(a.check_max_m),
+        stop: stop.then(gemtune::interrupt::flag),
+    }
+}
+
+/// `tune --serve`: plans the same cells and runs the tasks it is handed on
+/// the one GPU of `--devices`.
+fn serve(a: &Args, jobs: &[checker::FamilyJob]) -> anyhow::Result<Exit> {
+    let d = a.sweep.devices.first().copied().unwrap_or(0);
+    let lim = match Gpu::new(d) {
+        Ok(g) => g.limits(),
+        Err(e) => {
+            gemtune::worker_pool::refuse(&format!("GPU {d}: {e}"))?;
+            return Ok(Exit::Infra);
+        }
+    };
+    let opts = check_options(lim.arch, a, false);
+    let planned = checker::plan_jobs(jobs, &lim);
+    let cells = gemtune::cells::work_cells(jobs, &planned);
+    let mut w = match TuneWorker::start(d, jobs, &planned, &cells, &opts, a) {
+        Ok(w) => w,
+        Err(e) => {
+            gemtune::worker_pool::refuse(&e)?;
+            return Ok(Exit::Infra);
+        }
+    };
+    let ready = serde_json::json!({ "device": w.info.name, "index": d });
+    gemtune::worker_pool::serve(ready, |t: TuneTask| w.handle(&t))?;
+    Ok(Exit::Pass)
 }
 
 pub fn run(a: Args) -> anyhow::Result<Exit> {
@@ -401,29 +594,307 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
     ) {
         Ok(j) => j,
         Err(e) => {
+            if a.sweep.serve {
+                gemtune::worker_pool::refuse(&e)?;
+            }
             eprintln!("error: {e}");
             return Ok(Exit::Infra);
         }
     };
-    let gpu = match Gpu::new(0) {
-        Ok(g) => g,
+    if a.sweep.serve {
+        return serve(&a, &jobs);
+    }
+    if a.sweep.workers.is_some() {
+        eprintln!("error: --workers applies to check --compile-only; tune runs one worker per GPU of --devices");
+        return Ok(Exit::Infra);
+    }
+    if a.search.active() && (a.sweep.shard.is_some() || a.sweep.resume.is_some()) {
+        eprintln!(
+            "error: --strategy/--max-evals/--time-limit run their searches in one process on one GPU; --shard and --resume apply to the exhaustive tune"
+        );
+        return Ok(Exit::Infra);
+    }
+    let devices = match check::open_devices(&a.sweep) {
+        Ok(d) => d,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(Exit::Infra);
         }
     };
-    // The first SIGINT/SIGTERM finishes the current measurement and writes
-    // the report of what was measured (no promotion); a second exits now.
+    // The first SIGINT/SIGTERM stops handing out work and writes the report
+    // of what was measured (no promotion); a second exits now.
     if let Err(e) = gemtune::interrupt::install(gemtune::interrupt::Mode::Finish) {
         eprintln!("warning: {e}");
     }
-    let out = a.out.clone().unwrap_or_else(|| {
-        gemtune::scratch::default_out(&format!("tune-{}", a.family.replace(',', "+")))
-    });
+    let out = match check::sweep_out(
+        &a.sweep,
+        a.out.as_deref(),
+        &format!("tune-{}", a.family.replace(',', "+")),
+    ) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(Exit::Infra);
+        }
+    };
     std::fs::create_dir_all(&out)?;
+    let d0 = devices[0].clone();
+    let lim = Gpu::new(d0.ordinal)?.limits();
+    let arch = lim.arch;
+    let opts = check_options(arch, &a, true);
+    let mut progress = check::progress_printer();
+    let planned = checker::plan_jobs(&jobs, &lim);
+    for line in checker::describe_plan(&jobs, &planned, &opts.target) {
+        progress(&line);
+    }
+    let cells = gemtune::cells::select(gemtune::cells::work_cells(&jobs, &planned), a.sweep.shard);
+    let regimes: Vec<&str> = match a.regime {
+        RegimeArg::L2 => vec!["l2"],
+        RegimeArg::Dram => vec!["dram"],
+        RegimeArg::Both => vec!["l2", "dram"],
+    };
+
+    // Finished stages of an earlier run into this directory.
+    let mut log = ResultsLog::open_in(&out)?;
+    if log.dropped_tail > 0 {
+        eprintln!(
+            "{}: dropped an unterminated last line ({} bytes) left by a killed run",
+            log.path().display(),
+            log.dropped_tail
+        );
+    }
+    let nvrtc = nvrtc_string();
+    let key = RunKey {
+        device: String::new(),
+        driver: String::new(),
+        nvrtc: nvrtc.clone(),
+        target: opts.target.clone(),
+        params: format!(
+            "tune check_max_m={} budget_ms={} min_reps={} max_reps={} seed={}",
+            a.check_max_m, a.budget_ms, a.min_reps, a.max_reps, a.seed
+        ),
+    };
+    let models: Vec<(String, String)> = devices
+        .iter()
+        .map(|i| (i.name.clone(), i.driver_version.to_string()))
+        .collect();
+    let mut checks: HashMap<CellId, CheckRow> = HashMap::new();
+    let mut timed: HashMap<(CellId, String), TuneRow> = HashMap::new();
+    {
+        let found = log.finished(|_| true);
+        for wc in &cells {
+            let src = &jobs[wc.job].source_sha256;
+            let get = |stage: &str| {
+                found
+                    .get(&(wc.id.clone(), stage.to_string()))
+                    .filter(|r| check::record_matches(r, wc, &key, &models, src, stage))
+            };
+            if let Some(row) = get(STAGE_CHECK).and_then(|r| r.check.clone()) {
+                checks.insert(wc.id.clone(), row);
+            }
+            for &r in &regimes {
+                if let Some(row) = get(r).and_then(|rec| rec.tune.clone()) {
+                    timed.insert((wc.id.clone(), r.to_string()), row);
+                }
+            }
+        }
+    }
+    let mut notes: Vec<String> = Vec::new();
+    // The searches' accounts, for search.csv and the summary.
+    let mut search_report: Option<(String, Vec<super::tune_search::SearchRow>)> = None;
+    if a.search.active() {
+        // A search chooses its cells from scratch; what an earlier run
+        // logged here does not steer it.
+        checks.clear();
+        timed.clear();
+        if devices.len() > 1 {
+            notes.push(format!(
+                "the searches ran on GPU {} only ({} GPUs listed): each evaluation's next point depends on the last one's time",
+                d0.ordinal,
+                devices.len()
+            ));
+        }
+        let mut w = match TuneWorker::start(d0.ordinal, &jobs, &planned, &cells, &opts, &a) {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(Exit::Infra);
+            }
+        };
+        let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        if let Ok(st) =
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+        {
+            pb.set_style(st);
+        }
+        let mut sr = Searcher::new(&a.search, a.seed, &jobs, &cells, &lim);
+        for &rn in &regimes {
+            if !sr.phase(rn, &mut |t: &TuneTask| w.handle(t), &pb) {
+                break;
+            }
+        }
+        pb.finish_and_clear();
+        let described = sr.describe();
+        let done = sr.finish(&mut checks, &mut timed, &mut notes);
+        search_report = Some((described, done));
+    } else {
+        let passed = |checks: &HashMap<CellId, CheckRow>, id: &CellId| {
+            checks.get(id).is_some_and(|r| r.verdict == "pass")
+        };
+        let mut tasks: Vec<TuneTask> = Vec::new();
+        let mut order: Vec<&WorkCell> = cells.iter().collect();
+        // Checks shape-major (a worker's next cell often shares the inputs of
+        // its last); timings in plan order.
+        order.sort_by_key(|c| (c.job, c.shape, c.plan_index));
+        for wc in &order {
+            if !checks.contains_key(&wc.id) {
+                tasks.push(TuneTask::Check(wc.id.clone()));
+            }
+        }
+        for &r in &regimes {
+            for wc in &cells {
+                if passed(&checks, &wc.id) && !timed.contains_key(&(wc.id.clone(), r.to_string())) {
+                    tasks.push(TuneTask::Time(wc.id.clone(), r.to_string()));
+                }
+            }
+        }
+        eprintln!(
+            "{} cells{} on {} GPU(s): {} checks and {} timings finished in {}, {} tasks to run",
+            cells.len(),
+            a.sweep
+                .shard
+                .map(|s| format!(" in shard {s}"))
+                .unwrap_or_default(),
+            devices.len(),
+            checks.len(),
+            timed.len(),
+            log.path().display(),
+            tasks.len()
+        );
+        // Compile every define set with work left at once, on every core, into
+        // the cubin cache; each worker then loads its cubins from there.
+        if !tasks.is_empty() && opts.cache.is_some() {
+            let ids: std::collections::HashSet<&CellId> = tasks
+                .iter()
+                .map(|t| match t {
+                    TuneTask::Check(id) | TuneTask::Time(id, _) => id,
+                })
+                .collect();
+            let pending: Vec<&WorkCell> = cells.iter().filter(|c| ids.contains(&c.id)).collect();
+            let mut pre = checker::CellRunner::new(&jobs, &planned, &cells, None, &opts);
+            pre.compile(&pending, &mut progress);
+        }
+
+        let pb =
+            ProgressBar::with_draw_target(Some(tasks.len() as u64), ProgressDrawTarget::stderr());
+        if let Ok(st) =
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+        {
+            pb.set_style(st);
+        }
+        {
+            let source_of = |ji: usize| jobs[ji].source_sha256.clone();
+            let device_of = &devices;
+            let mut on_done = |d: Done<TuneTask, TuneAnswer>| -> Vec<TuneTask> {
+                pb.inc(1);
+                let dev = &device_of[d.worker.min(device_of.len() - 1)];
+                let (id, stage) = match &d.task {
+                    TuneTask::Check(id) => (id.clone(), STAGE_CHECK.to_string()),
+                    TuneTask::Time(id, r) => (id.clone(), r.clone()),
+                };
+                let Some(wc) = cells.iter().find(|c| c.id == id) else {
+                    return Vec::new();
+                };
+                let mut rec = Record {
+                    run: RunKey {
+                        device: dev.name.clone(),
+                        driver: dev.driver_version.to_string(),
+                        ..key.clone()
+                    },
+                    cell: id.clone(),
+                    defines: wc.defines.clone(),
+                    source_sha256: source_of(wc.job),
+                    stage: stage.clone(),
+                    gpu: Some(dev.ordinal),
+                    check: None,
+                    tune: None,
+                };
+                let mut follow = Vec::new();
+                match d.result {
+                    Ok(TuneAnswer::Check(row)) => {
+                        if row.verdict == checker::VERDICT_SKIPPED {
+                            return Vec::new();
+                        }
+                        if row.verdict == "pass" {
+                            follow = regimes
+                                .iter()
+                                .filter(|r| !timed.contains_key(&(id.clone(), r.to_string())))
+                                .map(|r| TuneTask::Time(id.clone(), r.to_string()))
+                                .collect();
+                            pb.inc_length(follow.len() as u64);
+                        }
+                        rec.check = Some((*row).clone());
+                        checks.insert(id, *row);
+                    }
+                    Ok(TuneAnswer::Time(row)) => {
+                        pb.set_message(format!("{id} {stage}"));
+                        rec.tune = Some((*row).clone());
+                        timed.insert((id, stage), *row);
+                    }
+                    Err(e) => {
+                        notes.push(format!("{id} {stage}: {e}"));
+                        return Vec::new();
+                    }
+                }
+                if let Err(e) = log.append(&rec) {
+                    notes.push(e.to_string());
+                }
+                follow
+            };
+            let end = if devices.len() == 1 {
+                let (jobs, planned, cells, opts, a) = (&jobs, &planned, &cells, &opts, &a);
+                let dev = d0.ordinal;
+                let starter: Starter<'_, FnWorker<_>> = Box::new(move || {
+                    let mut w = TuneWorker::start(dev, jobs, planned, cells, opts, a)?;
+                    Ok(FnWorker(move |t: &TuneTask| w.handle(t)))
+                });
+                run_pool(vec![starter], tasks, phase, opts.stop, &mut on_done)
+            } else {
+                let args = worker_args(&a);
+                let starters: Vec<Starter<'_, ProcessWorker>> = devices
+                    .iter()
+                    .map(|i| {
+                        let mut args = args.clone();
+                        args.extend(["--devices".into(), i.ordinal.to_string()]);
+                        let name = format!("worker (GPU {})", i.ordinal);
+                        Box::new(move || ProcessWorker::spawn(&name, check::worker_command(&args)))
+                            as Starter<'_, ProcessWorker>
+                    })
+                    .collect();
+                run_pool(starters, tasks, phase, opts.stop, &mut on_done)
+            };
+            for (w, why) in end.lost_workers {
+                notes.push(format!("worker {w} lost: {why}"));
+            }
+            if !end.not_run.is_empty() && !gemtune::interrupt::requested() {
+                notes.push(format!(
+                    "{} tasks not run: no worker left",
+                    end.not_run.len()
+                ));
+            }
+        }
+        pb.finish_and_clear();
+    }
+    if gemtune::interrupt::requested() {
+        notes.push(
+            "interrupted (SIGINT/SIGTERM): the tables hold only what was measured".to_string(),
+        );
+    }
+
+    // Vendor references, on the first GPU once the workers are done (in
+    // the first shard only, so a merge holds them once).
+    let gpu = Gpu::new(d0.ordinal)?;
     let info = gpu.info().clone();
-    let arch = gpu.arch();
-    let mut notes = Vec::new();
     let sampler = match ClockSampler::start(&info.pci_bus_id, CLOCK_PERIOD) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -431,40 +902,53 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             None
         }
     };
-
-    // 1. Check: the variants, then the references at the same shapes.
-    let opts = CheckOptions {
-        arch,
-        target: arch.to_string(),
-        compile_only: false,
-        cache: gemtune_kernels::compile::default_cache_dir(),
-        check_max_m: Some(a.check_max_m),
-        stop: Some(gemtune::interrupt::flag()),
-    };
-    // A search checks each cell it evaluates, during the timing phases.
-    let mut searcher = None;
-    let mut outcome = if a.search.active() {
-        searcher = Some(Searcher::new(&a.search, a.seed, &jobs, opts, &gpu.limits()));
-        checker::CheckOutcome::default()
-    } else {
-        checker::run_check(
-            &jobs,
-            Some(&gpu),
-            &opts,
-            crate::cmd::check::progress_printer(),
-        )
-    };
-    let mut ref_jobs: Vec<RefJob> = if a.no_reference {
+    let mut check_rows =
+        checker::render_rows(&jobs, &planned, &cells, &checks, &opts.target, false);
+    if a.search.active() && !gemtune::interrupt::requested() {
+        for r in check_rows
+            .iter_mut()
+            .filter(|r| r.verdict == checker::VERDICT_SKIPPED)
+        {
+            r.reason = format!(
+                "not evaluated by the {} search (budget {})",
+                a.search.strategy,
+                a.search.budget().describe()
+            );
+        }
+    }
+    let first_shard = a.sweep.shard.is_none_or(|s| s.index == 1);
+    let mut ref_jobs: Vec<RefJob> = if a.no_reference || !first_shard {
         Vec::new()
     } else {
         references::plan(jobs.iter().map(|j| (j.family.name(), j.shapes.as_slice())))
     };
     let cublas: Result<Cublas, String> = if ref_jobs.is_empty() {
-        Err("none applies to these families".into())
+        Err(if first_shard {
+            "none applies to these families".into()
+        } else {
+            "timed in shard 1".into()
+        })
     } else {
         Cublas::new(&gpu).map_err(|e| e.to_string())
     };
-    if !ref_jobs.is_empty() {
+    let ceil = measure_ceilings(&gpu)?;
+    let peaks = roofline::peaks_for(&info.name, info.cc);
+    let cx = RunCtx {
+        info: &info,
+        ceil: &ceil,
+        peaks,
+        nvrtc: nvrtc.clone(),
+        seed: a.seed,
+        sampler: sampler.as_ref(),
+    };
+    let cfg = TimingConfig {
+        budget_ms: a.budget_ms,
+        min_reps: a.min_reps,
+        max_reps: a.max_reps,
+        ..TimingConfig::default()
+    };
+    let mut ref_rows: Vec<(String, TuneRow)> = Vec::new();
+    if !ref_jobs.is_empty() && !gemtune::interrupt::requested() {
         if let Err(e) = &cublas {
             notes.push(format!("vendor references not run: {e}"));
         }
@@ -475,7 +959,7 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             a.check_max_m,
             &arch.to_string(),
             Some(gemtune::interrupt::flag()),
-            crate::cmd::check::progress_printer(),
+            check::progress_printer(),
         );
         for r in rows
             .iter()
@@ -486,153 +970,104 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
                 r.variant, r.shape, r.verdict, r.reason
             ));
         }
-        outcome.rows.extend(rows);
+        check_rows.extend(rows);
+        'phases: for &rn in &regimes {
+            let regime = regime_named(rn);
+            for j in &ref_jobs {
+                if gemtune::interrupt::requested() {
+                    break 'phases;
+                }
+                let row = match (&j.status, &cublas) {
+                    (Some(Ok(())), Ok(c)) => {
+                        match time_reference(&gpu, c, j.kind, &j.shape.problem(), regime, &cfg) {
+                            Ok(t) => {
+                                let mut id = ref_ident(j);
+                                id.reason = j.kind.note().to_string();
+                                timed_row(&cx, id, &t)
+                            }
+                            Err(e) => {
+                                notes.push(format!(
+                                    "reference {} {} {rn}: {}: {e}",
+                                    j.kind.name(),
+                                    j.shape.name,
+                                    e.verdict()
+                                ));
+                                untimed_row(&cx, ref_ident(j), regime, e.verdict(), e.to_string())
+                            }
+                        }
+                    }
+                    (Some(Err((verdict, reason))), _) => {
+                        untimed_row(&cx, ref_ident(j), regime, verdict, reason.clone())
+                    }
+                    (_, Err(e)) => untimed_row(&cx, ref_ident(j), regime, "unavailable", e.clone()),
+                    (None, Ok(_)) => {
+                        untimed_row(&cx, ref_ident(j), regime, "error", "not checked".into())
+                    }
+                };
+                ref_rows.push((rn.to_string(), row));
+            }
+        }
     }
-    write_csv(&out.join("check.csv"), &outcome.rows)?;
+    write_csv(&out.join("check.csv"), &check_rows)?;
+    let outcome = checker::outcome_of(check_rows, false);
     crate::cmd::check::print_table(
         &outcome
             .rows
             .iter()
             .filter(|r| r.verdict != "pass" && r.verdict != "rejected")
+            // The cells no search chose are listed in check.csv, not here.
+            .filter(|r| !(search_report.is_some() && r.verdict == checker::VERDICT_SKIPPED))
             .cloned()
             .collect::<Vec<_>>(),
     );
-    let mut check_exit = crate::cmd::check::verdict(&outcome);
+    let check_exit = crate::cmd::check::verdict(&outcome);
 
-    // 2. Ceilings.
-    let ceil = measure_ceilings(&gpu)?;
-    let peaks = roofline::peaks_for(&info.name, info.cc);
-    let nvrtc = gemtune_kernels::compile::nvrtc_version()
-        .map(|v| format!("{}.{}", v.0, v.1))
-        .unwrap_or_else(|e| e.to_string());
-    let cx = RunCtx {
-        info: &info,
-        ceil: &ceil,
-        peaks,
-        nvrtc: nvrtc.clone(),
-        seed: a.seed,
-        sampler: sampler.as_ref(),
-    };
-
-    // 3. Time: the L2 phase, then the DRAM phase; in each, the variants,
+    // The L2 rows, then the DRAM rows; in each, the variants in plan order,
     // then the references.
-    let regimes: Vec<Regime> = match a.regime {
-        RegimeArg::L2 => vec![Regime::L2],
-        RegimeArg::Dram => vec![Regime::Dram],
-        RegimeArg::Both => vec![Regime::L2, Regime::Dram],
-    };
-    let cfg = TimingConfig {
-        budget_ms: a.budget_ms,
-        min_reps: a.min_reps,
-        max_reps: a.max_reps,
-        ..TimingConfig::default()
-    };
-    let timed_refs = ref_jobs.iter().filter(|j| j.ready()).count();
-    let total = ((outcome.passing.len() + timed_refs) * regimes.len()) as u64;
-    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(st) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}") {
-        pb.set_style(st);
-    }
     let mut rows: Vec<TuneRow> = Vec::new();
-    let interrupted = |notes: &mut Vec<String>| {
-        let stop = gemtune::interrupt::requested();
-        if stop {
-            notes.push(
-                "interrupted (SIGINT/SIGTERM): the tables hold only what was measured".to_string(),
-            );
-        }
-        stop
-    };
-    'phases: for &regime in &regimes {
-        let rn = rname(regime);
-        if let Some(sr) = searcher.as_mut() {
-            let mut time = |ps: &Passing| time_cell(&cx, &gpu, &jobs, ps, regime, &cfg);
-            let results = out.join("results.csv");
-            if !sr.phase(&gpu, rn, &mut time, &mut rows, &results, &mut notes, &pb)? {
-                interrupted(&mut notes);
-                break 'phases;
+    for &rn in &regimes {
+        for wc in &cells {
+            if let Some(r) = timed.get(&(wc.id.clone(), rn.to_string())) {
+                rows.push(r.clone());
             }
         }
-        for ps in &outcome.passing {
-            if interrupted(&mut notes) {
-                break 'phases;
-            }
-            let job = &jobs[ps.job];
-            let p = &job.points[ps.point];
-            let s = &job.shapes[ps.shape];
-            pb.set_message(format!("{} {} {} {rn}", job.family.name(), p.id, s.name));
-            match time_cell(&cx, &gpu, &jobs, ps, regime, &cfg) {
-                Ok(row) => {
-                    rows.push(row);
-                    // Rewritten after every cell so a crash keeps what was measured.
-                    write_csv(&out.join("results.csv"), &rows)?;
-                }
-                Err(note) => notes.push(note),
-            }
-            pb.inc(1);
-        }
-        for j in &ref_jobs {
-            if interrupted(&mut notes) {
-                break 'phases;
-            }
-            let row = match (&j.status, &cublas) {
-                (Some(Ok(())), Ok(c)) => {
-                    pb.set_message(format!("{} {} {rn}", j.kind.name(), j.shape.name));
-                    let r = time_reference(&gpu, c, j.kind, &j.shape.problem(), regime, &cfg);
-                    pb.inc(1);
-                    match r {
-                        Ok(t) => {
-                            let mut id = ref_ident(j);
-                            id.reason = j.kind.note().to_string();
-                            timed_row(&cx, id, &t)
-                        }
-                        Err(e) => {
-                            notes.push(format!(
-                                "reference {} {} {rn}: {}: {e}",
-                                j.kind.name(),
-                                j.shape.name,
-                                e.verdict()
-                            ));
-                            untimed_row(&cx, ref_ident(j), regime, e.verdict(), e.to_string())
-                        }
-                    }
-                }
-                (Some(Err((verdict, reason))), _) => {
-                    untimed_row(&cx, ref_ident(j), regime, verdict, reason.clone())
-                }
-                (_, Err(e)) => untimed_row(&cx, ref_ident(j), regime, "unavailable", e.clone()),
-                (None, Ok(_)) => {
-                    untimed_row(&cx, ref_ident(j), regime, "error", "not checked".into())
-                }
-            };
-            rows.push(row);
-            write_csv(&out.join("results.csv"), &rows)?;
-        }
-    }
-    pb.finish_and_clear();
-    // The search's line for the summary's header and its section.
-    let mut search_report: Option<(String, String)> = None;
-    if let Some(sr) = searcher {
-        let described = sr.describe();
-        let (checks, done) = sr.finish();
-        let refs: Vec<_> = outcome.rows.drain(..).collect();
-        outcome = checks;
-        outcome.rows.extend(refs);
-        write_csv(&out.join("check.csv"), &outcome.rows)?;
-        crate::cmd::check::print_table(
-            &outcome
-                .rows
+        rows.extend(
+            ref_rows
                 .iter()
-                .filter(|r| !matches!(r.verdict.as_str(), "pass" | "rejected" | "skipped"))
-                .cloned()
-                .collect::<Vec<_>>(),
+                .filter(|(r, _)| r == rn)
+                .map(|(_, row)| row.clone()),
         );
-        check_exit = crate::cmd::check::verdict(&outcome);
-        write_csv(&out.join("search.csv"), &done)?;
-        search_report = Some((described, super::tune_search::section(&done)));
     }
     gemtune::report::flag_throttled(&mut rows);
     write_csv(&out.join("results.csv"), &rows)?;
+    let info_file = RunInfo {
+        command: "tune".into(),
+        compile_only: false,
+        target: opts.target.clone(),
+        nvrtc: nvrtc.clone(),
+        params: key.params.clone(),
+        source_sha256: jobs
+            .iter()
+            .map(|j| (j.family.name().to_string(), j.source_sha256.clone()))
+            .collect(),
+        devices: devices.iter().map(check::device_entry).collect(),
+        shards: a.sweep.shard.into_iter().collect(),
+        cells: cells.len(),
+        finished: cells
+            .iter()
+            .filter(|c| {
+                checks.get(&c.id).is_some_and(|r| r.verdict != "pass")
+                    || regimes
+                        .iter()
+                        .all(|r| timed.contains_key(&(c.id.clone(), r.to_string())))
+            })
+            .count(),
+    };
+    info_file.write(&out)?;
+
+    if let Some((_, done)) = &search_report {
+        write_csv(&out.join("search.csv"), done)?;
+    }
 
     // 4. Summary and plots.
     let mut device_block = vec![
@@ -647,6 +1082,12 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
             None => format!("CUDA {}", info.driver_version),
         }),
         ("PCI bus id".into(), info.pci_bus_id.clone()),
+        ("GPUs".into(), devices
+            .iter()
+            .map(|i| format!("{} ({})", i.ordinal, i.pci_bus_id))
+            .collect::<Vec<_>>()
+            .join(", ")
+            + "; each row names its GPU (device_index, pci_bus_id)"),
         ("clock sampling".into(), match sampler.as_ref() {
             Some(c) => {
                 let f = c.facts();
@@ -713,9 +1154,9 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         checks: &outcome.rows,
         notes: notes.clone(),
     });
-    if let Some((_, section)) = &search_report {
+    if let Some((_, done)) = &search_report {
         md.push('\n');
-        md.push_str(section);
+        md.push_str(&super::tune_search::section(done));
     }
     std::fs::write(out.join("summary.md"), md)?;
     let heat_axes: Vec<(String, String, String)> = jobs

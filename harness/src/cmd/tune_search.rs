@@ -19,15 +19,15 @@
 //! order: every search of the L2 phase, then every search of the DRAM
 //! phase.
 
-use gemtune::checker::{self, CheckOptions, CheckOutcome, FamilyJob, Passing};
-use gemtune::results::{write_csv, CheckRow, TuneRow};
+use super::tune::{TuneAnswer, TuneTask};
+use gemtune::cells::{CellId, WorkCell};
+use gemtune::checker::FamilyJob;
+use gemtune::results::{CheckRow, TuneRow};
 use gemtune::search::{self, cells, Budget, Eval, StrategyKind};
 use gemtune_kernels::family::DeviceLimits;
-use gemtune_kernels::gpu::Gpu;
 use indicatif::ProgressBar;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -88,68 +88,56 @@ pub struct SearchRow {
 
 type CellKey = (usize, usize, usize);
 
+/// The searches of one tune: their spaces, what they evaluated and their
+/// accounts. An evaluation goes through the tune worker that owns the GPU
+/// (`TuneTask::Check`, then `TuneTask::Time` in the phase's regime).
 pub struct Searcher<'a> {
     args: &'a SearchArgs,
     seed: u64,
     jobs: &'a [FamilyJob],
-    opts: CheckOptions,
     /// Per job, per shape: the space and the rejected cells.
     spaces: Vec<Vec<cells::ShapeSpace>>,
-    /// Check result per evaluated cell: `Some` when it passed.
-    checked: BTreeMap<CellKey, Option<Passing>>,
-    /// Check rows with their (job, point, shape) for the final order.
-    rows: Vec<(CellKey, CheckRow)>,
-    failures: usize,
-    infra: Vec<String>,
+    /// The work cell of every accepted (job, point, shape).
+    ids: HashMap<CellKey, CellId>,
+    /// Check rows of the evaluated cells (later regimes reuse the verdict).
+    checks: BTreeMap<CellKey, CheckRow>,
+    /// Timed rows per (cell, regime).
+    timed: Vec<((CellId, String), TuneRow)>,
+    notes: Vec<String>,
     searches: Vec<SearchRow>,
 }
 
 impl<'a> Searcher<'a> {
-    /// Builds every (family, shape) space; rejected and duplicate points
-    /// get their check rows now (they are never evaluated).
+    /// Builds every (family, shape) space over the plan's work cells.
     pub fn new(
         args: &'a SearchArgs,
         seed: u64,
         jobs: &'a [FamilyJob],
-        opts: CheckOptions,
+        work: &[WorkCell],
         lim: &DeviceLimits,
     ) -> Self {
-        let mut rows = Vec::new();
-        let mut spaces = Vec::new();
-        for (ji, job) in jobs.iter().enumerate() {
-            for (pi, p) in job.points.iter().enumerate() {
-                if let (Some(of), Some(s)) = (&p.duplicate_of, job.shapes.first()) {
-                    let mut r = checker::base_row(job, p, s, &opts.target, &p.defines);
-                    r.verdict = "duplicate".into();
-                    r.reason = format!("same defines as {of}");
-                    r.shape = "*".into();
-                    rows.push(((ji, pi, usize::MAX), r));
-                }
-            }
-            let mut per_shape = Vec::new();
-            for (si, s) in job.shapes.iter().enumerate() {
-                let ss = cells::shape_space(job.family, &job.points, s, lim);
-                for c in &ss.rejected {
-                    let p = &job.points[c.point];
-                    let mut r = checker::base_row(job, p, s, &opts.target, &c.defines);
-                    r.verdict = "rejected".into();
-                    r.reason = c.outcome.clone().err().unwrap_or_default();
-                    rows.push(((ji, c.point, si), r));
-                }
-                per_shape.push(ss);
-            }
-            spaces.push(per_shape);
-        }
+        let spaces = jobs
+            .iter()
+            .map(|job| {
+                job.shapes
+                    .iter()
+                    .map(|s| cells::shape_space(job.family, &job.points, s, lim))
+                    .collect()
+            })
+            .collect();
+        let ids = work
+            .iter()
+            .map(|c| ((c.job, c.point, c.shape), c.id.clone()))
+            .collect();
         Searcher {
             args,
             seed,
             jobs,
-            opts,
             spaces,
-            checked: BTreeMap::new(),
-            rows,
-            failures: 0,
-            infra: Vec::new(),
+            ids,
+            checks: BTreeMap::new(),
+            timed: Vec::new(),
+            notes: Vec::new(),
             searches: Vec::new(),
         }
     }
@@ -169,48 +157,65 @@ impl<'a> Searcher<'a> {
         )
     }
 
-    /// Checks one cell once (later regimes reuse the verdict).
-    fn check_cell(&mut self, gpu: &Gpu, key: CellKey) -> Option<Passing> {
-        if let Some(c) = self.checked.get(&key) {
-            return c.clone();
-        }
-        let (ji, pi, si) = key;
-        let job = &self.jobs[ji];
-        let one = FamilyJob {
-            spec: job.spec.clone(),
-            family: job.family,
-            points: vec![job.points[pi].clone()],
-            shapes: vec![job.shapes[si].clone()],
-            source_sha256: job.source_sha256.clone(),
+    /// One evaluation: the cell's check (once), then its timing in
+    /// `regime`; the median time, or None when it gave none.
+    fn evaluate(
+        &mut self,
+        key: CellKey,
+        regime: &str,
+        run: &mut dyn FnMut(&TuneTask) -> Result<TuneAnswer, String>,
+    ) -> Option<f64> {
+        let Some(id) = self.ids.get(&key).cloned() else {
+            self.notes.push(format!(
+                "search: cell {key:?} is not in the plan's work cells"
+            ));
+            return None;
         };
-        let out = checker::run_check(std::slice::from_ref(&one), Some(gpu), &self.opts, |_| {});
-        self.failures += out.failures;
-        self.infra.extend(out.infra);
-        self.rows.extend(out.rows.into_iter().map(|r| (key, r)));
-        let passing = out.passing.into_iter().next().map(|p| Passing {
-            job: ji,
-            point: pi,
-            shape: si,
-            ..p
-        });
-        self.checked.insert(key, passing.clone());
-        passing
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.checks.entry(key) {
+            match run(&TuneTask::Check(id.clone())) {
+                Ok(TuneAnswer::Check(row)) => {
+                    slot.insert(*row);
+                }
+                Ok(TuneAnswer::Time(_)) => {
+                    self.notes
+                        .push(format!("{id}: the worker answered a check with a timing"));
+                    return None;
+                }
+                Err(e) => {
+                    self.notes.push(format!("{id} check: {e}"));
+                    return None;
+                }
+            }
+        }
+        if self.checks.get(&key).is_none_or(|r| r.verdict != "pass") {
+            return None;
+        }
+        match run(&TuneTask::Time(id.clone(), regime.to_string())) {
+            Ok(TuneAnswer::Time(row)) => {
+                let v = row.median_us;
+                self.timed.push(((id, regime.to_string()), *row));
+                v.is_finite().then_some(v)
+            }
+            Ok(TuneAnswer::Check(_)) => {
+                self.notes
+                    .push(format!("{id}: the worker answered a timing with a check"));
+                None
+            }
+            Err(e) => {
+                self.notes.push(format!("{id} {regime}: {e}"));
+                None
+            }
+        }
     }
 
-    /// Runs every search of one regime. `time` times a passing cell in
-    /// this regime; each timed row is appended to `rows` and results.csv
-    /// is rewritten. Returns false when interrupted.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs every search of one regime through `run`. Returns false when
+    /// interrupted.
     pub fn phase(
         &mut self,
-        gpu: &Gpu,
         regime: &str,
-        time: &mut dyn FnMut(&Passing) -> Result<TuneRow, String>,
-        rows: &mut Vec<TuneRow>,
-        results: &Path,
-        notes: &mut Vec<String>,
+        run: &mut dyn FnMut(&TuneTask) -> Result<TuneAnswer, String>,
         pb: &ProgressBar,
-    ) -> anyhow::Result<bool> {
+    ) -> bool {
         let budget = self.args.budget();
         for ji in 0..self.jobs.len() {
             for si in 0..self.jobs[ji].shapes.len() {
@@ -226,45 +231,31 @@ impl<'a> Searcher<'a> {
                     .collect();
                 let start = Instant::now();
                 let mut clock = || start.elapsed();
-                let mut write_err: Option<anyhow::Error> = None;
                 let mut failed = 0usize;
                 let log = search::run(&space, strategy.as_mut(), budget, &mut clock, |p| {
-                    if gemtune::interrupt::requested() || write_err.is_some() {
+                    if gemtune::interrupt::requested() {
                         return Eval::Stop;
                     }
-                    let pi = point_of[p];
                     pb.inc_length(1);
                     pb.set_message(format!("{family} {} {shape} {regime}", space.label(p)));
-                    let eval = match self.check_cell(gpu, (ji, pi, si)) {
-                        None => Eval::Failed,
-                        Some(ps) => match time(&ps) {
-                            Ok(row) => {
-                                let v = row.median_us;
-                                rows.push(row);
-                                if let Err(e) = write_csv(results, rows) {
-                                    write_err = Some(e);
-                                }
-                                if v.is_finite() {
-                                    Eval::Value(v)
-                                } else {
-                                    Eval::Failed
-                                }
-                            }
-                            Err(e) => {
-                                notes.push(e);
-                                Eval::Failed
-                            }
-                        },
+                    let eval = match self.evaluate((ji, point_of[p], si), regime, run) {
+                        Some(v) => Eval::Value(v),
+                        None => {
+                            failed += 1;
+                            Eval::Failed
+                        }
                     };
-                    if eval == Eval::Failed {
-                        failed += 1;
-                    }
                     pb.inc(1);
                     eval
-                })?;
-                if let Some(e) = write_err {
-                    return Err(e);
-                }
+                });
+                let log = match log {
+                    Ok(l) => l,
+                    Err(e) => {
+                        self.notes
+                            .push(format!("search {family} {shape} {regime}: {e}"));
+                        continue;
+                    }
+                };
                 let best = log.best();
                 self.searches.push(SearchRow {
                     family: family.clone(),
@@ -285,55 +276,31 @@ impl<'a> Searcher<'a> {
                     best_median_us: best.and_then(|t| t.value).unwrap_or(f64::NAN),
                 });
                 if log.stop == search::Stop::Caller {
-                    return Ok(false);
+                    return false;
                 }
             }
         }
-        Ok(true)
+        true
     }
 
-    /// The check outcome of the searches (every evaluated cell's check,
-    /// the rejected and duplicate points, and a `skipped` row for each
-    /// accepted cell no search evaluated), rows in spec order, and the
-    /// searches' accounts.
-    pub fn finish(mut self) -> (CheckOutcome, Vec<SearchRow>) {
-        let evaluated: BTreeSet<CellKey> = self.checked.keys().copied().collect();
-        for (ji, per_shape) in self.spaces.iter().enumerate() {
-            let job = &self.jobs[ji];
-            for (si, ss) in per_shape.iter().enumerate() {
-                for c in &ss.accepted {
-                    if evaluated.contains(&(ji, c.point, si)) {
-                        continue;
-                    }
-                    let mut r = checker::base_row(
-                        job,
-                        &job.points[c.point],
-                        &job.shapes[si],
-                        &self.opts.target,
-                        &c.defines,
-                    );
-                    r.verdict = "skipped".into();
-                    r.reason = format!(
-                        "not evaluated by the {} search (budget {})",
-                        self.args.strategy,
-                        self.args.budget().describe()
-                    );
-                    self.rows.push(((ji, c.point, si), r));
-                }
+    /// Hands the evaluated cells' check rows and timed rows to the tune's
+    /// maps (its report renders them, and lists every cell no search
+    /// evaluated as skipped), its notes to `notes`; returns the searches'
+    /// accounts.
+    pub fn finish(
+        self,
+        checks: &mut HashMap<CellId, CheckRow>,
+        timed: &mut HashMap<(CellId, String), TuneRow>,
+        notes: &mut Vec<String>,
+    ) -> Vec<SearchRow> {
+        for (key, row) in self.checks {
+            if let Some(id) = self.ids.get(&key) {
+                checks.insert(id.clone(), row);
             }
         }
-        self.rows.sort_by_key(|(k, _)| *k);
-        let mut passing: Vec<Passing> = self.checked.into_values().flatten().collect();
-        passing.sort_by_key(|p| (p.job, p.point, p.shape));
-        (
-            CheckOutcome {
-                rows: self.rows.into_iter().map(|(_, r)| r).collect(),
-                infra: self.infra,
-                failures: self.failures,
-                passing,
-            },
-            self.searches,
-        )
+        timed.extend(self.timed);
+        notes.extend(self.notes);
+        self.searches
     }
 }
 
