@@ -14,6 +14,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_1.cu", include_str!("../cuda/quantize_q8_1.cu")),
     ("kquant.cuh", include_str!("../cuda/kquant.cuh")),
     ("gemv.cu", include_str!("../cuda/gemv.cu")),
+    ("moe_route.cu", include_str!("../cuda/moe_route.cu")),
     ("stage_copy.cuh", include_str!("../cuda/stage_copy.cuh")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),
     ("dq_convert.cuh", include_str!("../cuda/dq_convert.cuh")),

@@ -9,6 +9,7 @@
 
 use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
+use gemtune_kernels::bind::moe::MoeRouteArgs;
 use gemtune_kernels::bind::rows::{
     ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, SoftcapArgs,
 };
@@ -17,8 +18,8 @@ use gemtune_kernels::compile::{compile, default_cache_dir, nvrtc_available, Arch
 use gemtune_kernels::cubin::{Cubin, ParamLayout};
 use gemtune_kernels::defines::{DefineValue, Defines};
 use gemtune_kernels::family::{
-    families, AttnProblem, DeviceLimits, Family, KvType, LaunchGeometry, LaunchSequence, Problem,
-    ProblemKind, RowsProblem,
+    families, AttnProblem, DeviceLimits, Family, KvType, LaunchGeometry, LaunchSequence,
+    MoeProblem, Problem, ProblemKind, RowsProblem,
 };
 use gemtune_kernels::gpu::{check_args, GpuError, KArg};
 use gemtune_kernels::quant::GgmlType;
@@ -91,6 +92,11 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
                 ],
             ));
         }
+        "moe_route" => {
+            for wt in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
+                v.push((wt, Vec::new()));
+            }
+        }
         "attn_decode" => {
             v.push((GgmlType::Q8_0, vec![("ALGO", int(0))]));
             let stream = |algo: i64, bq: i64, wd: i64| {
@@ -136,6 +142,14 @@ fn problem(f: &dyn Family, wt: GgmlType) -> Problem {
             n_q: if decode { 1 } else { 4096 },
             capacity: 4096,
             kv_type: KvType::F16,
+        }),
+        ProblemKind::Moe => Problem::Moe(MoeProblem {
+            tokens: 1,
+            d_model: 2816,
+            ffn: 704,
+            experts: 128,
+            used: 8,
+            wtype: wt,
         }),
     }
 }
@@ -306,6 +320,22 @@ fn launches(
             }
             out
         }
+        "moe_route" => vec![(
+            main,
+            MoeRouteArgs {
+                w: NULL,
+                z: NULL,
+                scale: NULL,
+                logits: NULL,
+                ids: NULL,
+                weights: NULL,
+                counter: NULL,
+                d: 0,
+                n_experts: 0,
+                n_used: 0,
+            }
+            .kargs(),
+        )],
         other => panic!(
             "no argument lists for family {other}: add the `bind` calls its launches make to this test"
         ),
