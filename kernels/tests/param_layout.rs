@@ -9,7 +9,7 @@
 
 use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
-use gemtune_kernels::bind::moe::MoeRouteArgs;
+use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
 use gemtune_kernels::bind::rows::{
     ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, SoftcapArgs,
 };
@@ -96,6 +96,22 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
             for wt in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
                 v.push((wt, Vec::new()));
             }
+        }
+        "moe_gemv" => {
+            v.push((GgmlType::Q8_0, vec![("STAGE", text("DOWN"))]));
+            v.push((
+                GgmlType::Q4_0,
+                vec![("STAGE", text("DOWN")), ("LAYOUT", int(0))],
+            ));
+            v.push((GgmlType::Q4K, Vec::new()));
+            v.push((
+                GgmlType::Q8_0,
+                vec![("COUNT_BYTES", int(1)), ("ROWS", int(2))],
+            ));
+            v.push((
+                GgmlType::Q8_0,
+                vec![("COUNT_BYTES", int(1)), ("STAGE", text("DOWN"))],
+            ));
         }
         "attn_decode" => {
             v.push((GgmlType::Q8_0, vec![("ALGO", int(0))]));
@@ -336,6 +352,38 @@ fn launches(
             }
             .kargs(),
         )],
+        "moe_gemv" => {
+            let w = ExpertWeights { q: NULL, d: NULL };
+            let args = if main.starts_with("moe_gemv_gate_up") {
+                MoeGateUpArgs {
+                    w,
+                    x: NULL,
+                    ids: NULL,
+                    h: NULL,
+                    count: NULL,
+                    d: 0,
+                    ffn: 0,
+                    n_experts: 0,
+                    n_used: 0,
+                }
+                .kargs()
+            } else {
+                MoeDownArgs {
+                    w,
+                    h: NULL,
+                    ids: NULL,
+                    weights: NULL,
+                    y: NULL,
+                    count: NULL,
+                    d: 0,
+                    ffn: 0,
+                    n_experts: 0,
+                    n_used: 0,
+                }
+                .kargs()
+            };
+            vec![(main, args)]
+        }
         other => panic!(
             "no argument lists for family {other}: add the `bind` calls its launches make to this test"
         ),
