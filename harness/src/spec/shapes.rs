@@ -349,9 +349,12 @@ fn walk(
             format!("shape `{prefix}` must be a table like {{ m = \"N\", n = 10240, k = 2560, wtype = \"Q8_0\" }}"),
         ));
     };
-    let is_shape = ["n", "heads", "width", "experts"]
-        .iter()
-        .any(|k| tab.get(*k).is_some());
+    // A kind key holding a plain value makes a shape; holding a table it
+    // is a group's member (a shape named `experts`, say).
+    let is_shape = ["n", "heads", "width", "experts"].iter().any(|k| {
+        tab.get(*k)
+            .is_some_and(|v| !matches!(v.get_ref(), DeValue::Table(_)))
+    });
     // A table with a plain value in it is a shape, even when a typo hides
     // the key that says which kind: name the key that is wrong.
     if !is_shape
