@@ -192,7 +192,8 @@ fn check_every_family_on_the_gpu() {
         .args(["check", "--tokens", "1,3,7,8,113", "--shape", "e4b.attn_k"])
         // Every family needs a shape past the filters: attention and RoPE
         // (attn_check.toml), the row-wise families (rows_check.toml), the
-        // activation conversion (convert.toml), and the partial-tile edges.
+        // activation conversion (convert.toml), the MoE families (moe.toml),
+        // and the partial-tile edges.
         .args([
             "--shape",
             "e4b.swa",
@@ -209,6 +210,8 @@ fn check_every_family_on_the_gpu() {
             "--shape",
             "softcap.vocab",
         ])
+        // The MoE families: the tiny MoE (tokens share experts).
+        .args(["--shape", "moe_route.tiny", "--shape", "moe_gemv.tiny"])
         .args(["--shape", "e4b.d_model", "--shape", "edge.", "--out"])
         .arg(out.path())
         .output()

@@ -297,3 +297,47 @@ fn rejected_points_are_listed_with_the_reason() {
         );
     }
 }
+
+#[test]
+fn moe_shapes_parse_into_moe_problems() {
+    use gemtune_kernels::family::{MoeProblem, Problem};
+    use gemtune_kernels::quant::GgmlType;
+    let text = r#"
+[tokens]
+N = [1, 8]
+
+[shapes]
+a4b.experts = { m = "N", experts = 128, used = 8, d_model = 2816, ffn = 704, wtype = "Q8_0", from = "26B-A4B" }
+"#;
+    let f = ShapesFile::parse("shapes/moe.toml", text).unwrap();
+    let s = f.expand();
+    assert_eq!(s.len(), 2);
+    assert_eq!(s[1].name, "a4b.experts@m=8");
+    assert_eq!(
+        s[1].problem,
+        Problem::Moe(MoeProblem {
+            tokens: 8,
+            d_model: 2816,
+            ffn: 704,
+            experts: 128,
+            used: 8,
+            wtype: GgmlType::Q8_0,
+        })
+    );
+    assert_eq!((s[1].m, s[1].n, s[1].k), (8, 128, 2816));
+    assert_eq!(s[1].wtype_define(), "Q8_0");
+    assert_eq!(s[1].capped(4), {
+        let Problem::Moe(mut p) = s[1].problem else {
+            unreachable!()
+        };
+        p.tokens = 4;
+        Some(Problem::Moe(p))
+    });
+    let e =
+        ShapesFile::parse("shapes/moe.toml", &text.replace("used = 8", "used = 200")).unwrap_err();
+    assert!(e.msg.contains("used = 200 exceeds experts = 128"), "{e}");
+    let e = ShapesFile::parse("shapes/moe.toml", &text.replace("ffn = 704, ", "")).unwrap_err();
+    assert!(e.msg.contains("ffn"), "{e}");
+    let e = ShapesFile::parse("shapes/moe.toml", &text.replace("used", "usde")).unwrap_err();
+    assert!(e.msg.contains("missing required key `used`"), "{e}");
+}

@@ -5,8 +5,8 @@
 pub use crate::device::{DeviceLimits, LaunchGeometry, LaunchSequence};
 pub use crate::kernel_family::Family;
 pub use crate::problem::{
-    attn_of, rows_of, wtype_define, AttnProblem, KvType, MatmulProblem, Problem, ProblemKind,
-    RowsProblem, WType,
+    attn_of, moe_of, rows_of, wtype_define, AttnProblem, KvType, MatmulProblem, MoeProblem,
+    Problem, ProblemKind, RowsProblem, WType,
 };
 pub use crate::verdict::Contract;
 
@@ -27,6 +27,8 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::softcap::Softcap,
         &crate::families::attn_prefill::AttnPrefill,
         &crate::families::attn_decode::AttnDecode,
+        &crate::families::moe_route::MoeRoute,
+        &crate::families::moe_gemv::MoeGemv,
     ]
 }
 

@@ -143,12 +143,45 @@ pub struct RowsProblem {
     pub aux: usize,
 }
 
+/// One mixture-of-experts FFN call of a decode step (the `moe_route` and
+/// `moe_gemv` families): `tokens` tokens of `d_model` features, `experts`
+/// experts of which each token uses `used`, each expert a gated FFN of
+/// width `ffn` (gate_up `[2*ffn][d_model]`, down `[d_model][ffn]`).
+/// `wtype` is the type of the matrices the family reads: the router
+/// (`ffn_gate_inp`) for `moe_route`, the expert tensors for `moe_gemv`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MoeProblem {
+    pub tokens: usize,
+    pub d_model: usize,
+    pub ffn: usize,
+    pub experts: usize,
+    pub used: usize,
+    pub wtype: GgmlType,
+}
+
+impl MoeProblem {
+    /// The rejection reason of a shape no MoE layer can have.
+    pub fn check(&self) -> Result<(), String> {
+        if self.tokens == 0 || self.d_model == 0 || self.ffn == 0 || self.experts == 0 {
+            return Err("tokens, d_model, ffn and experts must be positive".into());
+        }
+        if self.used == 0 || self.used > self.experts {
+            return Err(format!(
+                "used = {} experts per token must be in 1..={} (the expert count)",
+                self.used, self.experts
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A problem shape a family can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Problem {
     Matmul(MatmulProblem),
     Attention(AttnProblem),
     Rows(RowsProblem),
+    Moe(MoeProblem),
 }
 
 /// Which kind of shape a family runs on (its spec's shape files must hold
@@ -158,6 +191,7 @@ pub enum ProblemKind {
     Matmul,
     Attention,
     Rows,
+    Moe,
 }
 
 impl ProblemKind {
@@ -166,6 +200,7 @@ impl ProblemKind {
             ProblemKind::Matmul => "matmul",
             ProblemKind::Attention => "attention",
             ProblemKind::Rows => "rows",
+            ProblemKind::Moe => "moe",
         }
     }
 }
@@ -179,17 +214,25 @@ impl Problem {
             Problem::Matmul(_) => ProblemKind::Matmul,
             Problem::Attention(_) => ProblemKind::Attention,
             Problem::Rows(_) => ProblemKind::Rows,
+            Problem::Moe(_) => ProblemKind::Moe,
         }
     }
     /// The generic report columns (m, n, k, type) of any problem:
     /// - matmul: tokens, output features, input features, weight type;
     /// - attention: query tokens, keys (`q_pos0 + n_q`), head dim, KV type;
-    /// - rows: rows, width, aux, table type.
+    /// - rows: rows, width, aux, table type;
+    /// - moe: tokens, experts, d_model, matrix type.
     pub fn columns(&self) -> (usize, usize, usize, String) {
         match self {
             Problem::Matmul(p) => (p.m, p.n, p.k, p.wtype.name().to_ascii_uppercase()),
             Problem::Attention(a) => (a.n_q, a.kv_len(), a.head_dim, a.kv_type.name().into()),
             Problem::Rows(r) => (r.rows, r.width, r.aux, r.dtype.name().to_ascii_uppercase()),
+            Problem::Moe(e) => (
+                e.tokens,
+                e.experts,
+                e.d_model,
+                e.wtype.name().to_ascii_uppercase(),
+            ),
         }
     }
     /// Every dimension, as one line (the `problem` column of reports).
@@ -220,6 +263,15 @@ impl Problem {
                 r.aux,
                 r.dtype.name().to_ascii_uppercase()
             ),
+            Problem::Moe(e) => format!(
+                "moe m={} d={} ffn={} experts={} used={} w={}",
+                e.tokens,
+                e.d_model,
+                e.ffn,
+                e.experts,
+                e.used,
+                e.wtype.name().to_ascii_uppercase()
+            ),
         }
     }
 }
@@ -245,6 +297,17 @@ pub fn rows_of(p: &Problem) -> Result<&RowsProblem, String> {
     match p {
         Problem::Rows(r) => Ok(r),
         other => Err(wrong_kind(ProblemKind::Rows, other)),
+    }
+}
+
+/// The MoE problem of a MoE family's shape, checked (`MoeProblem::check`).
+pub fn moe_of(p: &Problem) -> Result<&MoeProblem, String> {
+    match p {
+        Problem::Moe(e) => {
+            e.check()?;
+            Ok(e)
+        }
+        other => Err(wrong_kind(ProblemKind::Moe, other)),
     }
 }
 

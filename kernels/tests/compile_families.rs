@@ -8,7 +8,7 @@ use gemtune_kernels::compile::{
 };
 use gemtune_kernels::cubin::{entry_names, Cubin};
 use gemtune_kernels::family::{
-    families, AttnProblem, DeviceLimits, KvType, Problem, ProblemKind, RowsProblem,
+    families, AttnProblem, DeviceLimits, KvType, MoeProblem, Problem, ProblemKind, RowsProblem,
 };
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::source::{header_defines, required_macros, source, SOURCES};
@@ -103,6 +103,14 @@ fn defaults_compile_for_every_arch_without_spills() {
                         n_q: if f.name() == "attn_decode" { 1 } else { 4096 },
                         capacity: 4096,
                         kv_type: KvType::F16,
+                    }),
+                    ProblemKind::Moe => Problem::Moe(MoeProblem {
+                        tokens: 1,
+                        d_model: 2816,
+                        ffn: 704,
+                        experts: 128,
+                        used: 8,
+                        wtype: wt,
                     }),
                 };
                 f.validate(&d, &p, &DeviceLimits::for_arch(Arch(90)))

@@ -9,6 +9,7 @@
 
 use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
+use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
 use gemtune_kernels::bind::rows::{
     ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, SoftcapArgs,
 };
@@ -17,8 +18,8 @@ use gemtune_kernels::compile::{compile, default_cache_dir, nvrtc_available, Arch
 use gemtune_kernels::cubin::{Cubin, ParamLayout};
 use gemtune_kernels::defines::{DefineValue, Defines};
 use gemtune_kernels::family::{
-    families, AttnProblem, DeviceLimits, Family, KvType, LaunchGeometry, LaunchSequence, Problem,
-    ProblemKind, RowsProblem,
+    families, AttnProblem, DeviceLimits, Family, KvType, LaunchGeometry, LaunchSequence,
+    MoeProblem, Problem, ProblemKind, RowsProblem,
 };
 use gemtune_kernels::gpu::{check_args, GpuError, KArg};
 use gemtune_kernels::quant::GgmlType;
@@ -91,6 +92,27 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
                 ],
             ));
         }
+        "moe_route" => {
+            for wt in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
+                v.push((wt, Vec::new()));
+            }
+        }
+        "moe_gemv" => {
+            v.push((GgmlType::Q8_0, vec![("STAGE", text("DOWN"))]));
+            v.push((
+                GgmlType::Q4_0,
+                vec![("STAGE", text("DOWN")), ("LAYOUT", int(0))],
+            ));
+            v.push((GgmlType::Q4K, Vec::new()));
+            v.push((
+                GgmlType::Q8_0,
+                vec![("COUNT_BYTES", int(1)), ("ROWS", int(2))],
+            ));
+            v.push((
+                GgmlType::Q8_0,
+                vec![("COUNT_BYTES", int(1)), ("STAGE", text("DOWN"))],
+            ));
+        }
         "attn_decode" => {
             v.push((GgmlType::Q8_0, vec![("ALGO", int(0))]));
             let stream = |algo: i64, bq: i64, wd: i64| {
@@ -136,6 +158,14 @@ fn problem(f: &dyn Family, wt: GgmlType) -> Problem {
             n_q: if decode { 1 } else { 4096 },
             capacity: 4096,
             kv_type: KvType::F16,
+        }),
+        ProblemKind::Moe => Problem::Moe(MoeProblem {
+            tokens: 1,
+            d_model: 2816,
+            ffn: 704,
+            experts: 128,
+            used: 8,
+            wtype: wt,
         }),
     }
 }
@@ -305,6 +335,54 @@ fn launches(
                 out.push(("attn_combine".to_string(), combine_kargs(&a, 1)));
             }
             out
+        }
+        "moe_route" => vec![(
+            main,
+            MoeRouteArgs {
+                w: NULL,
+                z: NULL,
+                scale: NULL,
+                logits: NULL,
+                ids: NULL,
+                weights: NULL,
+                counter: NULL,
+                d: 0,
+                n_experts: 0,
+                n_used: 0,
+            }
+            .kargs(),
+        )],
+        "moe_gemv" => {
+            let w = ExpertWeights { q: NULL, d: NULL };
+            let args = if main.starts_with("moe_gemv_gate_up") {
+                MoeGateUpArgs {
+                    w,
+                    x: NULL,
+                    ids: NULL,
+                    h: NULL,
+                    count: NULL,
+                    d: 0,
+                    ffn: 0,
+                    n_experts: 0,
+                    n_used: 0,
+                }
+                .kargs()
+            } else {
+                MoeDownArgs {
+                    w,
+                    h: NULL,
+                    ids: NULL,
+                    weights: NULL,
+                    y: NULL,
+                    count: NULL,
+                    d: 0,
+                    ffn: 0,
+                    n_experts: 0,
+                    n_used: 0,
+                }
+                .kargs()
+            };
+            vec![(main, args)]
         }
         other => panic!(
             "no argument lists for family {other}: add the `bind` calls its launches make to this test"

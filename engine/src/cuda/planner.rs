@@ -144,6 +144,7 @@ impl Planner {
                 Problem::Matmul(mp) => mp.wtype,
                 Problem::Rows(r) => r.dtype,
                 Problem::Attention(_) => gemtune_kernels::quant::GgmlType::F16,
+                Problem::Moe(e) => e.wtype,
             };
             let mut out = f.default_defines(wt);
             out.extend(to_defines(d));

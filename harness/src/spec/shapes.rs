@@ -18,13 +18,22 @@
 //! e4b.norm = { m = "N", width = 2560 }
 //! ```
 //!
+//! Mixture-of-experts shapes (`moe_route`, `moe_gemv`; see
+//! `gemtune_kernels::family::MoeProblem`) name `experts`, `used`,
+//! `d_model`, `ffn` and `wtype` (the router's type for `moe_route`, the
+//! expert tensors' for `moe_gemv`):
+//!
+//! ```toml
+//! a4b.route = { m = "N", experts = 128, used = 8, d_model = 2816, ffn = 704, wtype = "F32" }
+//! ```
+//!
 //! `m` (tokens: matmul tokens, attention query tokens, rows) is a name from
 //! `[tokens]`, an integer, or an array of integers. Dotted names (`e4b.ffn_up`) may be written bare: a table with
 //! an `n` key is a shape, any other table is a group of shapes. Each shape
 //! expands to one concrete problem per token count, named `e4b.ffn_up@m=2048`.
 
 use super::doc::{as_array, as_i64, SpecError, Src, Tab};
-use gemtune_kernels::family::{AttnProblem, KvType, Problem, ProblemKind, RowsProblem};
+use gemtune_kernels::family::{AttnProblem, KvType, MoeProblem, Problem, ProblemKind, RowsProblem};
 use gemtune_kernels::quant::GgmlType;
 use toml::de::DeValue;
 
@@ -50,6 +59,15 @@ pub enum ShapeBody {
         width: usize,
         dtype: GgmlType,
         aux: usize,
+    },
+    /// `experts`, `used`, `d_model`, `ffn`, `wtype`: one MoE FFN call of
+    /// `m` tokens.
+    Moe {
+        experts: usize,
+        used: usize,
+        d_model: usize,
+        ffn: usize,
+        wtype: GgmlType,
     },
 }
 
@@ -90,6 +108,20 @@ impl ShapeDef {
                 width,
                 dtype,
                 aux,
+            }),
+            ShapeBody::Moe {
+                experts,
+                used,
+                d_model,
+                ffn,
+                wtype,
+            } => Problem::Moe(MoeProblem {
+                tokens: m,
+                d_model,
+                ffn,
+                experts,
+                used,
+                wtype,
             }),
         }
     }
@@ -136,10 +168,11 @@ impl Shape {
     pub fn wtype_define(&self) -> String {
         self.problem.columns().3
     }
-    /// The weight type of a matmul shape.
+    /// The weight type of a matmul or MoE shape.
     pub fn wtype(&self) -> Option<GgmlType> {
         match self.problem {
             Problem::Matmul(mp) => Some(mp.wtype),
+            Problem::Moe(e) => Some(e.wtype),
             _ => None,
         }
     }
@@ -161,6 +194,10 @@ impl Shape {
             Problem::Rows(mut r) if r.rows > cap => {
                 r.rows = cap;
                 Some(Problem::Rows(r))
+            }
+            Problem::Moe(mut e) if e.tokens > cap => {
+                e.tokens = cap;
+                Some(Problem::Moe(e))
             }
             _ => None,
         }
@@ -248,7 +285,7 @@ impl ShapesFile {
 /// Every key a shape may have (of any kind).
 const SHAPE_KEYS: &[&str] = &[
     "m", "n", "k", "wtype", "heads", "kv_heads", "head_dim", "window", "q_pos0", "capacity", "kv",
-    "width", "dtype", "aux", "from",
+    "width", "dtype", "aux", "experts", "used", "d_model", "ffn", "from",
 ];
 
 /// The error for a shape with none of `n`, `heads`, `width`: its first
@@ -272,14 +309,14 @@ fn unkinded_shape(src: Src<'_>, tab: &toml::de::DeTable<'_>, name: &str) -> Spec
         return src.err(
             k.span(),
             format!(
-                "unknown key `{key}` in shape `{name}`{hint}; a shape has m and n/k/wtype (matmul), heads/kv_heads/head_dim (attention) or width (rows)"
+                "unknown key `{key}` in shape `{name}`{hint}; a shape has m and n/k/wtype (matmul), heads/kv_heads/head_dim (attention), width (rows) or experts/used/d_model/ffn/wtype (moe)"
             ),
         );
     }
     let span = keys.first().map(|k| k.span()).unwrap_or(0..0);
     src.err(
         span,
-        format!("shape `{name}` has none of `n` (matmul), `heads` (attention) or `width` (rows)"),
+        format!("shape `{name}` has none of `n` (matmul), `heads` (attention), `width` (rows) or `experts` (moe)"),
     )
 }
 
@@ -312,9 +349,12 @@ fn walk(
             format!("shape `{prefix}` must be a table like {{ m = \"N\", n = 10240, k = 2560, wtype = \"Q8_0\" }}"),
         ));
     };
-    let is_shape = ["n", "heads", "width"]
-        .iter()
-        .any(|k| tab.get(*k).is_some());
+    // A kind key holding a plain value makes a shape; holding a table it
+    // is a group's member (a shape named `experts`, say).
+    let is_shape = ["n", "heads", "width", "experts"].iter().any(|k| {
+        tab.get(*k)
+            .is_some_and(|v| !matches!(v.get_ref(), DeValue::Table(_)))
+    });
     // A table with a plain value in it is a shape, even when a typo hides
     // the key that says which kind: name the key that is wrong.
     if !is_shape
@@ -386,6 +426,28 @@ fn walk(
                 },
                 "m, heads, kv_heads, head_dim, window, q_pos0, capacity, kv, from",
             )
+        } else if tab.get("experts").is_some() {
+            let experts = positive(src, t.req("experts")?, "experts")?;
+            let used = positive(src, t.req("used")?, "used")?;
+            let d_model = positive(src, t.req("d_model")?, "d_model")?;
+            let ffn = positive(src, t.req("ffn")?, "ffn")?;
+            let wtype = ggml(&mut t, "wtype")?;
+            if used > experts {
+                return Err(src.err(
+                    v.span(),
+                    format!("{what}: used = {used} exceeds experts = {experts}"),
+                ));
+            }
+            (
+                ShapeBody::Moe {
+                    experts,
+                    used,
+                    d_model,
+                    ffn,
+                    wtype,
+                },
+                "m, experts, used, d_model, ffn, wtype, from",
+            )
         } else {
             let width = positive(src, t.req("width")?, "width")?;
             let dtype = if t.key_span("dtype").is_some() {
@@ -443,7 +505,7 @@ fn walk(
             return Err(src.err(
                 k.span(),
                 format!(
-                    "unknown key `{}` in {} (a shape is a table with m and n/k/wtype (matmul), heads/kv_heads/head_dim (attention) or width (rows))",
+                    "unknown key `{}` in {} (a shape is a table with m and n/k/wtype (matmul), heads/kv_heads/head_dim (attention), width (rows) or experts/used/d_model/ffn/wtype (moe))",
                     k.get_ref(),
                     if prefix.is_empty() {
                         "[shapes]".to_string()

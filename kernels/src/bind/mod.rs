@@ -13,6 +13,7 @@
 
 pub mod attention;
 pub mod matmul;
+pub mod moe;
 pub mod rows;
 
 use crate::gpu::KArg;

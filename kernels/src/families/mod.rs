@@ -12,6 +12,8 @@ pub mod gemm_wgmma;
 pub mod gemv;
 pub(crate) mod memo;
 pub mod mmq;
+pub mod moe_gemv;
+pub mod moe_route;
 pub mod ple;
 pub mod qk_norm_rope;
 pub mod quantize_q8_1;

@@ -1,0 +1,321 @@
+// gemv_chunk.cuh: one lane's 16- or 32-byte piece ("chunk") of a weight row
+// as the decode GEMVs read it: the chunk layouts of every weight type and
+// LAYOUT (gemv.cu's header describes them), the chunk load, and the chunk
+// dot products with f32 activations (ALGO 0: exactly dequantized weights,
+// fp32 FMA) or Q8_1 activations (ALGO 1: dp4a). Shared by gemv.cu and
+// moe_gemv.cu, which read the same bytes in the same way.
+//
+// Defines: (none of its own; uses the includer's WTYPE, LAYOUT and ALGO)
+
+#pragma once
+
+#include "common.cuh"
+#include "kquant.cuh"
+
+
+// KQ: a k-quant read from its planes (nibbles + side records).
+#define KQ (IS_KQUANT(WTYPE) && LAYOUT == 1)
+#define W16 IS_W16(WTYPE)
+#if WTYPE == Q5_K
+#define HWORDS 1
+#else
+#define HWORDS 2
+#endif
+
+// Elements per chunk and 32-bit quant words per chunk.
+#if W16
+#define CHUNK 8
+#define CWORDS 4
+#elif KQ
+#define CHUNK 32
+#define CWORDS 4
+#elif LAYOUT == 1 && WTYPE == Q8_0
+#define CHUNK 16
+#define CWORDS 4
+#elif WTYPE == Q8_0 || WTYPE == Q6_K
+#define CHUNK 32
+#define CWORDS 8
+#else
+#define CHUNK 32
+#define CWORDS 4
+#endif
+
+// Q6_K on GGUF blocks: w holds the 32 6-bit quants (0..63) one per byte, d
+// and d2 the d * scale of the chunk's two 16-element groups. KQ: w holds
+// the group's 16 nibble bytes and h its high-bit words; d and d2 are
+// d * sc and dmin * m (Q4_K, Q5_K) or the two d * scale (Q6_K).
+struct Chunk {
+    u32 w[CWORDS];
+    float d;
+#if WTYPE == Q6_K || KQ
+    float d2;
+#endif
+#if KQ && WTYPE != Q4_K
+    u32 h[HWORDS];
+#endif
+};
+
+#if WTYPE == Q6_K && LAYOUT == 0
+// The 32 bytes at p (2-byte aligned) as 8 little-endian words: 9 aligned
+// loads, then funnel shifts by the misalignment (0 or 16 bits).
+DEVI void ld32_a2(const u8* p, u32 (&w)[8]) {
+    const u32* a = reinterpret_cast<const u32*>((u64)p & ~(u64)3);
+    const u32 sh = ((u32)(u64)p & 3u) * 8u;
+    u32 v[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) v[i] = __ldg(a + i);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
+
+// Byte b (a 6-bit quant) of w minus 32 as a float, without I2F: PRMT builds
+// 0x4B0000qq = 2^23 + q and one FADD removes 2^23 + 32 (exact). I2F has a
+// quarter of FADD's throughput, and a lane converts 32 values per 26 bytes.
+DEVI float q6f(u32 w, int b) {
+    return __int_as_float((int)__byte_perm(w, 0x4B000000u, 0x7440u | (u32)b)) - 8388640.0f;
+}
+#endif
+
+// Loads chunk c (elements c*CHUNK ..) of row `row`.
+DEVI Chunk load_chunk(const u8* __restrict__ wq, const u16* __restrict__ wd, int row, int c, int k) {
+    Chunk ch;
+    const int nb = k / 32;
+    const int b = (c * CHUNK) / 32;
+#if W16
+    (void)wd;
+    (void)nb;
+    (void)b;
+    const uint4 v = ld_stream16(wq + ((u64)row * k + (u64)c * 8) * 2);
+    ch.w[0] = v.x; ch.w[1] = v.y; ch.w[2] = v.z; ch.w[3] = v.w;
+    ch.d = 1.0f;  // unused: the values carry their own scale
+#elif KQ
+    (void)nb;
+    (void)b;
+    const uint4 v = ld_stream16(wq + (u64)row * (k / 2) + (u64)c * 16);
+    ch.w[0] = v.x; ch.w[1] = v.y; ch.w[2] = v.z; ch.w[3] = v.w;
+    const int j = c % 8;
+    const u64 sb = (u64)row * (k / 256) + c / 8;
+    const u8* side = reinterpret_cast<const u8*>(wd);
+#if WTYPE == Q6_K
+    const u8* rec = side + sb * 96;
+    const uint2 hh = __ldg(reinterpret_cast<const uint2*>(rec + 8 * j));
+    ch.h[0] = hh.x;
+    ch.h[1] = hh.y;
+    const u32 sc = __ldg(reinterpret_cast<const u16*>(rec + 64 + 2 * j));
+    const float d = h2f(__ldg(reinterpret_cast<const u16*>(rec + 80)));
+    ch.d = d * (float)(i8)(sc & 0xffu);
+    ch.d2 = d * (float)(i8)(sc >> 8);
+#else
+    const u8* rec = side + sb * (WTYPE == Q5_K ? 48 : 16);
+    const uint4 hd = __ldg(reinterpret_cast<const uint4*>(rec));
+    u32 sc, m;
+    kq_scale_min(hd, j, sc, m);
+    ch.d = h2f((u16)(hd.x & 0xffffu)) * (float)sc;
+    ch.d2 = h2f((u16)(hd.x >> 16)) * (float)m;
+#if WTYPE == Q5_K
+    ch.h[0] = __ldg(reinterpret_cast<const u32*>(rec + 16 + 4 * j));
+#endif
+#endif
+#elif LAYOUT == 1
+#if WTYPE == Q8_0
+    const uint4 v = ld_stream16(wq + (u64)row * k + (u64)c * 16);
+#else
+    const uint4 v = ld_stream16(wq + (u64)row * (k / 2) + (u64)c * 16);
+#endif
+    ch.w[0] = v.x; ch.w[1] = v.y; ch.w[2] = v.z; ch.w[3] = v.w;
+    ch.d = h2f(__ldg(wd + (u64)row * nb + b));
+#elif WTYPE == Q6_K
+    (void)wd;
+    const int j = c % 8, h = j / 4, u = j % 4;
+    const u8* blk = wq + ((u64)row * (k / 256) + c / 8) * 210;
+    u32 lo[8], hi[8];
+    ld32_a2(blk + 64 * h + 32 * (u & 1), lo);
+    ld32_a2(blk + 128 + 32 * h, hi);
+    const u32 sc = __ldg(reinterpret_cast<const u16*>(blk + 192 + 2 * j));
+    const float d = h2f(__ldg(reinterpret_cast<const u16*>(blk + 208)));
+    const int ls = 4 * (u >> 1), hs = 2 * u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ch.w[i] = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (((hi[i] >> hs) & 0x03030303u) << 4);
+    ch.d = d * (float)(i8)(sc & 0xffu);
+    ch.d2 = d * (float)(i8)(sc >> 8);
+    (void)nb;
+    (void)b;
+#else
+    const int bsz = WTYPE == Q8_0 ? 34 : 18;
+    const u16* bp = reinterpret_cast<const u16*>(wq + ((u64)row * nb + b) * bsz);
+    ch.d = h2f(__ldg(bp));
+#pragma unroll
+    for (int i = 0; i < CWORDS; ++i) ch.w[i] = (u32)__ldg(bp + 1 + 2 * i) | ((u32)__ldg(bp + 2 + 2 * i) << 16);
+#endif
+    return ch;
+}
+
+#if ALGO == 0
+#if W16
+// sum_i w_i * x_i over the chunk's 8 values (exact f32 conversions).
+DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const u32 a = ch.w[2 * i], b = ch.w[2 * i + 1];
+#if WTYPE == F16
+        s = fmaf(h2f((u16)(a & 0xffffu)), xv.x, s);
+        s = fmaf(h2f((u16)(a >> 16)), xv.y, s);
+        s = fmaf(h2f((u16)(b & 0xffffu)), xv.z, s);
+        s = fmaf(h2f((u16)(b >> 16)), xv.w, s);
+#else
+        s = fmaf(__int_as_float((int)(a << 16)), xv.x, s);
+        s = fmaf(__int_as_float((int)(a & 0xffff0000u)), xv.y, s);
+        s = fmaf(__int_as_float((int)(b << 16)), xv.z, s);
+        s = fmaf(__int_as_float((int)(b & 0xffff0000u)), xv.w, s);
+#endif
+    }
+    return s;
+}
+#elif KQ
+// sum_i w_i * x_i over the group, each w_i the exact dequantized weight:
+// fma(q, d*sc, -dmin*m) (Q4_K / Q5_K: d*sc*q is exact, so the fma rounds
+// once, as ggml's multiply-subtract does) or (d*scale) * (q - 32) (Q6_K).
+DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
+#if WTYPE == Q4_K
+    const u32* h = nullptr;
+#else
+    const u32* h = ch.h;
+#endif
+    float s = 0.f;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const float4 xl = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * t));
+        const float4 xh = __ldg(reinterpret_cast<const float4*>(xr + e + 16 + 4 * t));
+        const u32 lo = kq_lo(ch.w[t], h, t), hi = kq_hi(ch.w[t], h, t);
+        const float xls[4] = {xl.x, xl.y, xl.z, xl.w};
+        const float xhs[4] = {xh.x, xh.y, xh.z, xh.w};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+#if WTYPE == Q6_K
+            s = fmaf(ch.d * kq_f6(lo, b), xls[b], s);
+            s = fmaf(ch.d2 * kq_f6(hi, b), xhs[b], s);
+#else
+            s = fmaf(fmaf(kq_f(lo, b), ch.d, -ch.d2), xls[b], s);
+            s = fmaf(fmaf(kq_f(hi, b), ch.d, -ch.d2), xhs[b], s);
+#endif
+        }
+    }
+    return s;
+}
+
+#elif WTYPE == Q6_K
+// sum_i w_i * x_i over the chunk: the two 16-element scale groups summed
+// apart, then scaled.
+DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
+    float s[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < CWORDS; ++i) {
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const u32 w = ch.w[i];
+        s[i / 4] = fmaf(q6f(w, 0), xv.x, s[i / 4]);
+        s[i / 4] = fmaf(q6f(w, 1), xv.y, s[i / 4]);
+        s[i / 4] = fmaf(q6f(w, 2), xv.z, s[i / 4]);
+        s[i / 4] = fmaf(q6f(w, 3), xv.w, s[i / 4]);
+    }
+    return ch.d * s[0] + ch.d2 * s[1];
+}
+#else
+// sum_i w_i * x_i over the chunk, x at element offset e of one token row.
+DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
+    float s = 0.f;
+#if WTYPE == Q8_0
+#pragma unroll
+    for (int i = 0; i < CWORDS; ++i) {
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const u32 w = ch.w[i];
+        s = fmaf((float)(i8)(w & 0xff), xv.x, s);
+        s = fmaf((float)(i8)((w >> 8) & 0xff), xv.y, s);
+        s = fmaf((float)(i8)((w >> 16) & 0xff), xv.z, s);
+        s = fmaf((float)(i8)(w >> 24), xv.w, s);
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < CWORDS; ++i) {
+        const float4 xl = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const float4 xh = __ldg(reinterpret_cast<const float4*>(xr + e + 16 + 4 * i));
+        const u32 w = ch.w[i];
+        s = fmaf((float)((int)(w & 0xf) - 8), xl.x, s);
+        s = fmaf((float)((int)((w >> 8) & 0xf) - 8), xl.y, s);
+        s = fmaf((float)((int)((w >> 16) & 0xf) - 8), xl.z, s);
+        s = fmaf((float)((int)((w >> 24) & 0xf) - 8), xl.w, s);
+        s = fmaf((float)((int)((w >> 4) & 0xf) - 8), xh.x, s);
+        s = fmaf((float)((int)((w >> 12) & 0xf) - 8), xh.y, s);
+        s = fmaf((float)((int)((w >> 20) & 0xf) - 8), xh.z, s);
+        s = fmaf((float)((int)((w >> 28) & 0xf) - 8), xh.w, s);
+    }
+#endif
+    return ch.d * s;
+}
+#endif
+#else
+// Integer dot of the chunk with the Q8_1 activations of one token, scaled.
+DEVI float chunk_dot_q8(const Chunk& ch, const i8* __restrict__ xqr, const float2* __restrict__ xdsr, int e) {
+    const float2 ds = __ldg(xdsr + e / 32);
+#if KQ
+    // The group is one Q8_1 block: elements 0..15 pair with the low
+    // nibble words, 16..31 with the high ones.
+#if WTYPE == Q4_K
+    const u32* h = nullptr;
+#else
+    const u32* h = ch.h;
+#endif
+    const int4 al = __ldg(reinterpret_cast<const int4*>(xqr + e));
+    const int4 ah = __ldg(reinterpret_cast<const int4*>(xqr + e + 16));
+    const int as_lo[4] = {al.x, al.y, al.z, al.w};
+    const int as_hi[4] = {ah.x, ah.y, ah.z, ah.w};
+#if WTYPE == Q6_K
+    // Two 16-element scale groups: dot (q - 32) * a per group.
+    int d0 = 0, d1 = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        d0 = dp4a((int)kq_s6(kq_lo(ch.w[t], h, t)), as_lo[t], d0);
+        d1 = dp4a((int)kq_s6(kq_hi(ch.w[t], h, t)), as_hi[t], d1);
+    }
+    return ds.x * fmaf(ch.d, (float)d0, ch.d2 * (float)d1);
+#else
+    // sum_i a_i (d*sc q_i - dmin*m) = d*sc * dot - dmin*m * sum_i a_i, the
+    // sum exact in ds.y.
+    int dot = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        dot = dp4a((int)kq_lo(ch.w[t], h, t), as_lo[t], dot);
+        dot = dp4a((int)kq_hi(ch.w[t], h, t), as_hi[t], dot);
+    }
+    return ds.x * fmaf(ch.d, (float)dot, -ch.d2 * ds.y);
+#endif
+#else
+    int dot = 0;
+#if WTYPE == Q8_0
+#pragma unroll
+    for (int i = 0; i < CWORDS; i += 4) {
+        const int4 a = __ldg(reinterpret_cast<const int4*>(xqr + e + 4 * i));
+        dot = dp4a((int)ch.w[i + 0], a.x, dot);
+        dot = dp4a((int)ch.w[i + 1], a.y, dot);
+        dot = dp4a((int)ch.w[i + 2], a.z, dot);
+        dot = dp4a((int)ch.w[i + 3], a.w, dot);
+    }
+#else
+    const int4 al = __ldg(reinterpret_cast<const int4*>(xqr + e));
+    const int4 ah = __ldg(reinterpret_cast<const int4*>(xqr + e + 16));
+    dot = dp4a((int)(ch.w[0] & 0x0F0F0F0Fu), al.x, dot);
+    dot = dp4a((int)(ch.w[1] & 0x0F0F0F0Fu), al.y, dot);
+    dot = dp4a((int)(ch.w[2] & 0x0F0F0F0Fu), al.z, dot);
+    dot = dp4a((int)(ch.w[3] & 0x0F0F0F0Fu), al.w, dot);
+    dot = dp4a((int)((ch.w[0] >> 4) & 0x0F0F0F0Fu), ah.x, dot);
+    dot = dp4a((int)((ch.w[1] >> 4) & 0x0F0F0F0Fu), ah.y, dot);
+    dot = dp4a((int)((ch.w[2] >> 4) & 0x0F0F0F0Fu), ah.z, dot);
+    dot = dp4a((int)((ch.w[3] >> 4) & 0x0F0F0F0Fu), ah.w, dot);
+    // sum_j (q_j - 8) a_j = sum_j q_j a_j - 8 sum_j a_j; ds.y is the exact sum.
+    dot -= 8 * (int)ds.y;
+#endif
+    return (float)dot * (ch.d * ds.x);
+#endif
+}
+#endif

@@ -1,0 +1,335 @@
+// moe_gemv.cu: the expert half of a mixture-of-experts FFN for a decode
+// step of 1..8 tokens, over the chosen experts only. Two stages, one per
+// variant (STAGE), each with one entry per token count NT:
+//
+//   GATE_UP (moe_gemv_gate_up_n1 .. _n8): for every (token t, slot j) with
+//     expert e = ids[t][j]:
+//       h[t*K + j][r] = gelu_tanh(G_e[r] . x_t) * (U_e[r] . x_t),  r < ffn
+//     G_e / U_e are rows 0..ffn / ffn..2ffn of expert e's block of the
+//     gate_up tensor (E * 2*ffn rows of d; ggml ne [d, 2*ffn, E]).
+//   DOWN (moe_gemv_down_n1 .. _n8):
+//       y[t][r] = sum_j weights[t][j] * (D_e[r] . h[t*K + j]),  r < d
+//     D_e rows e*d .. e*d + d of the down tensor (E * d rows of ffn; ggml
+//     ne [ffn, d, E]); per lane the sum runs over the experts in the
+//     grouping order below, each chunk's product weighted as it is added.
+//
+// ids i32 [NT][K] and weights f32 [NT][K] are moe_route's outputs (K =
+// n_used): a token's K ids are distinct; a pair whose id is outside
+// 0..E-1 is skipped (its h row is not written and it adds nothing).
+// x f32 [NT][d], h f32 [NT*K][ffn], y f32 [NT][d]; rows 16-byte aligned.
+//
+// Grouping: every block reads the NT*K ids and lists the distinct experts
+// in order of first appearance (token-major, slot order) with, per expert,
+// the pairs that chose it in pair order. A block works on whole
+// experts, so an expert chosen by several tokens has its rows read once
+// for all of them: GATE_UP's grid.y walks the distinct experts (blocks past
+// the count exit), DOWN's warps loop over them.
+//
+// Weights: the expert tensor as one matrix of E * rows rows, in the layout
+// of the dense GEMV (gemv.cu, gemv_chunk.cuh): LAYOUT 0 GGUF blocks (Q8_0,
+// Q4_0, Q6_K; F16 / BF16 values), LAYOUT 1 planes (Q8_0 / Q4_0 quant and
+// f16 scale planes; Q4_K / Q5_K / Q6_K nibble plane and GEMV side records;
+// F16 / BF16 values). Every row is dequantized exactly (ggml's values) and
+// multiplied with fp32 FMA on the f32 activations.
+//
+// Grid: GATE_UP (ceil(ffn / (WARPS*ROWS)), min(E, NT*K)); DOWN
+// (ceil(d / (WARPS*ROWS)), 1); block WARPS*32 threads. Warp w of block b
+// owns ROWS consecutive rows from (b*WARPS + w)*ROWS; its lanes walk the
+// row's chunks lane, lane+32, ...; shuffles reduce. Every output element
+// is written exactly once.
+// Contract: fp (reassociated f32 sums of exactly dequantized weights;
+// GELU in f32 with tanhf).
+//
+// COUNT_BYTES = 1 (tests): each warp adds, per expert, the device bytes of
+// the weight rows it reads (the rows it owns, quants and scales) to
+// count[e] (u64 [E], zeroed by the caller), so a test can assert that only
+// the chosen experts are read, each once per launch. 0: count is unused.
+//
+// Defines:
+//   WTYPE        expert weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
+//   LAYOUT       0 = GGUF blocks (2-byte loads), 1 = aligned planes (16-byte loads)
+//   STAGE        GATE_UP | DOWN
+//   ROWS         rows per warp: 1, 2, 4
+//   WARPS        warps per block: 1, 2, 4, 8
+//   COUNT_BYTES  0 | 1: count the weight bytes read per expert into count[]
+
+#ifndef WTYPE
+#error "moe_gemv.cu needs WTYPE"
+#endif
+#ifndef LAYOUT
+#error "moe_gemv.cu needs LAYOUT"
+#endif
+#ifndef STAGE
+#error "moe_gemv.cu needs STAGE"
+#endif
+#ifndef ROWS
+#error "moe_gemv.cu needs ROWS"
+#endif
+#ifndef WARPS
+#error "moe_gemv.cu needs WARPS"
+#endif
+#ifndef COUNT_BYTES
+#error "moe_gemv.cu needs COUNT_BYTES"
+#endif
+
+#define GATE_UP 1
+#define DOWN 2
+// f32 activations: the chunk dot products of gemv_chunk.cuh's ALGO 0.
+#define ALGO 0
+
+#include "common.cuh"
+#include "kquant.cuh"
+
+#if STAGE != GATE_UP && STAGE != DOWN
+#error "moe_gemv.cu: STAGE must be GATE_UP or DOWN"
+#endif
+#if WTYPE != Q8_0 && WTYPE != Q4_0 && !IS_KQUANT(WTYPE) && !IS_W16(WTYPE)
+#error "moe_gemv.cu: WTYPE must be Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16 or BF16"
+#endif
+#if (WTYPE == Q4_K || WTYPE == Q5_K) && LAYOUT != 1
+#error "moe_gemv.cu: Q4_K / Q5_K weights are read as planes (LAYOUT=1)"
+#endif
+#if ROWS != 1 && ROWS != 2 && ROWS != 4
+#error "moe_gemv.cu: ROWS must be 1, 2 or 4"
+#endif
+#if WARPS != 1 && WARPS != 2 && WARPS != 4 && WARPS != 8
+#error "moe_gemv.cu: WARPS must be 1, 2, 4 or 8"
+#endif
+
+#include "gemv_chunk.cuh"
+
+// Most experts per token (moe_route's bound).
+#define MAX_USED 32
+
+// Device bytes of one weight row of k elements in this layout.
+DEVI u64 row_bytes(int k) {
+#if IS_W16(WTYPE)
+    return (u64)k * 2;
+#elif LAYOUT == 0
+    return WTYPE == Q8_0 ? (u64)k / 32 * 34 : WTYPE == Q4_0 ? (u64)k / 32 * 18 : (u64)k / 256 * 210;
+#elif WTYPE == Q8_0
+    return (u64)k + (u64)k / 32 * 2;
+#elif WTYPE == Q4_0
+    return (u64)k / 2 + (u64)k / 32 * 2;
+#else
+    return (u64)k / 2 + (u64)k / 256 * (WTYPE == Q4_K ? 16 : WTYPE == Q5_K ? 48 : 96);
+#endif
+}
+
+// The distinct experts of the step in order of first appearance, and per
+// expert the pairs (t*K + j) that chose it, in pair order, with their
+// tokens. Built by every block from ids.
+template <int NT>
+struct Groups {
+    int n;
+    int expert[NT * MAX_USED];
+    int cnt[NT * MAX_USED];
+    short pair[NT * MAX_USED][NT];
+    signed char tok[NT * MAX_USED][NT];
+};
+
+template <int NT>
+DEVI void group_experts(const int* __restrict__ ids, int n_experts, int n_used, Groups<NT>& g) {
+    __shared__ int s_id[NT * MAX_USED];
+    __shared__ short s_first[NT * MAX_USED];
+    const int np = NT * n_used;
+    for (int i = threadIdx.x; i < np; i += blockDim.x) {
+        const int e = __ldg(ids + i);
+        s_id[i] = e >= 0 && e < n_experts ? e : -1;
+    }
+    __syncthreads();
+    // The first pair that chose the same expert (-1: an invalid id).
+    for (int i = threadIdx.x; i < np; i += blockDim.x) {
+        const int e = s_id[i];
+        int first = e < 0 ? -1 : i;
+        for (int j = 0; j < i && e >= 0; ++j)
+            if (s_id[j] == e) {
+                first = j;
+                break;
+            }
+        s_first[i] = (short)first;
+    }
+    __syncthreads();
+    // The thread of each first appearance lists its expert's pairs.
+    for (int i = threadIdx.x; i < np; i += blockDim.x) {
+        if (s_first[i] != i) continue;
+        int u = 0;
+        for (int j = 0; j < i; ++j) u += s_first[j] == j;
+        g.expert[u] = s_id[i];
+        int c = 0;
+        for (int j = i; j < np && c < NT; ++j)
+            if (s_first[j] == i) {
+                g.pair[u][c] = (short)j;
+                g.tok[u][c] = (signed char)(j / n_used);
+                ++c;
+            }
+        g.cnt[u] = c;
+    }
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int j = 0; j < np; ++j) n += s_first[j] == j;
+        g.n = n;
+    }
+    __syncthreads();
+}
+
+// acc[tt] += v for tt == t: a run-time token index into a register array
+// without local memory (every element is selected, none indexed).
+template <int NT>
+DEVI void add_at(float (&acc)[NT], int t, float v) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt)
+        if (tt == t) acc[tt] += v;
+}
+template <int NT>
+DEVI float pick(const float (&acc)[NT], int t) {
+    float v = 0.f;
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt)
+        if (tt == t) v = acc[tt];
+    return v;
+}
+
+// The token loops below run over an expert's pairs at run time (one pair's
+// activations in registers at a time): unrolled over the NT tokens, the
+// compiler hoists every token's activation loads next to the chunk and
+// passes the 255-register ceiling.
+#if STAGE == GATE_UP
+template <int NT>
+DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const float* __restrict__ x,
+                       const int* __restrict__ ids, float* __restrict__ h, unsigned long long* __restrict__ count,
+                       int d, int ffn, int n_experts, int n_used) {
+    __shared__ Groups<NT> g;
+    group_experts<NT>(ids, n_experts, n_used, g);
+    const int u = blockIdx.y;
+    if (u >= g.n) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    if (row0 >= ffn) return;
+    const int e = g.expert[u], cnt = g.cnt[u];
+    const int base = e * 2 * ffn;
+    float acc[2][ROWS][NT];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[m][r][t] = 0.f;
+    const int nchunks = d / CHUNK;
+    for (int c = lane; c < nchunks; c += 32) {
+        Chunk ch[2][ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            // Rows past the end re-read the last row; their sums are dropped.
+            const int row = min(row0 + r, ffn - 1);
+            ch[0][r] = load_chunk(wq, wd, base + row, c, d);
+            ch[1][r] = load_chunk(wq, wd, base + ffn + row, c, d);
+        }
+        const int el = c * CHUNK;
+#pragma unroll 1
+        for (int i = 0; i < cnt; ++i) {
+            const int t = g.tok[u][i];
+            const float* xr = x + (u64)t * d;
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[m][r], t, chunk_dot(ch[m][r], xr, el));
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[m][r][t] = warp_sum(acc[m][r][t]);
+    if (lane == 0) {
+        for (int i = 0; i < cnt; ++i) {
+            const int t = g.tok[u][i];
+            float* hr = h + (u64)g.pair[u][i] * ffn;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                if (row0 + r < ffn) hr[row0 + r] = gelu_tanh(pick<NT>(acc[0][r], t)) * pick<NT>(acc[1][r], t);
+        }
+#if COUNT_BYTES
+        atomicAdd(count + e, 2ull * (u64)min(ROWS, ffn - row0) * row_bytes(d));
+#endif
+    }
+#if !COUNT_BYTES
+    (void)count;
+#endif
+}
+
+#define MOE_ENTRY(NT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) moe_gemv_gate_up_n##NT(                   \
+        const u8* wq, const u16* wd, const float* x, const int* ids, float* h, unsigned long long* count,  \
+        int d, int ffn, int n_experts, int n_used) {                                                       \
+        gate_up_body<NT>(wq, wd, x, ids, h, count, d, ffn, n_experts, n_used);                             \
+    }
+#else
+template <int NT>
+DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const float* __restrict__ h,
+                    const int* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ y,
+                    unsigned long long* __restrict__ count, int d, int ffn, int n_experts, int n_used) {
+    __shared__ Groups<NT> g;
+    group_experts<NT>(ids, n_experts, n_used, g);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
+    if (row0 >= d) return;
+    float acc[ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    const int nchunks = ffn / CHUNK;
+    for (int u = 0; u < g.n; ++u) {
+        const int e = g.expert[u], cnt = g.cnt[u];
+        for (int c = lane; c < nchunks; c += 32) {
+            Chunk ch[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) ch[r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
+            const int el = c * CHUNK;
+#pragma unroll 1
+            for (int i = 0; i < cnt; ++i) {
+                const int p = g.pair[u][i];
+                const float w = __ldg(weights + p);
+                const float* hr = h + (u64)p * ffn;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot(ch[r], hr, el));
+            }
+        }
+#if COUNT_BYTES
+        if (lane == 0) atomicAdd(count + e, (u64)min(ROWS, d - row0) * row_bytes(ffn));
+#endif
+    }
+#if !COUNT_BYTES
+    (void)count;
+#endif
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (row0 + r >= d) continue;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) y[(u64)t * d + row0 + r] = acc[r][t];
+        }
+    }
+}
+
+#define MOE_ENTRY(NT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) moe_gemv_down_n##NT(                      \
+        const u8* wq, const u16* wd, const float* h, const int* ids, const float* weights, float* y,       \
+        unsigned long long* count, int d, int ffn, int n_experts, int n_used) {                            \
+        down_body<NT>(wq, wd, h, ids, weights, y, count, d, ffn, n_experts, n_used);                       \
+    }
+#endif
+MOE_ENTRY(1)
+MOE_ENTRY(2)
+MOE_ENTRY(3)
+MOE_ENTRY(4)
+MOE_ENTRY(5)
+MOE_ENTRY(6)
+MOE_ENTRY(7)
+MOE_ENTRY(8)

@@ -1,0 +1,377 @@
+//! GPU checks of the mixture-of-experts families: `moe_route` and
+//! `moe_gemv` against their oracles on real and edge shapes, the router's
+//! tie rule on forced ties, and the expert GEMV's bytes read (only the
+//! chosen experts, each once however many tokens share it). All
+//! `#[ignore = "needs a CUDA GPU"]`; without a GPU they panic with the
+//! reason instead of passing.
+
+use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use gemtune_kernels::bind::NULL;
+use gemtune_kernels::compile::{compile, default_cache_dir, CompiledVariant};
+use gemtune_kernels::defines::{DefineValue, Defines};
+use gemtune_kernels::family::{family, Family, MoeProblem, Problem};
+use gemtune_kernels::quant::GgmlType;
+use gemtune_kernels::{check_variant, Gpu};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+}
+
+fn build(gpu: &Gpu, f: &dyn Family, d: &Defines) -> CompiledVariant {
+    compile(f, d, gpu.arch(), default_cache_dir().as_deref())
+        .unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+fn with(mut d: Defines, kv: &[(&str, DefineValue)]) -> Defines {
+    for (k, v) in kv {
+        d.insert(k.to_string(), v.clone());
+    }
+    d
+}
+
+fn i(v: i64) -> DefineValue {
+    DefineValue::Int(v)
+}
+fn s(v: &str) -> DefineValue {
+    DefineValue::Str(v.into())
+}
+
+fn moe(
+    tokens: usize,
+    experts: usize,
+    used: usize,
+    d_model: usize,
+    ffn: usize,
+    wtype: GgmlType,
+) -> Problem {
+    Problem::Moe(MoeProblem {
+        tokens,
+        d_model,
+        ffn,
+        experts,
+        used,
+        wtype,
+    })
+}
+
+/// Checks `d` on every shape the variant validates on; returns the
+/// failures as lines and counts the checked cells.
+fn check_all(gpu: &Gpu, f: &dyn Family, d: &Defines, shapes: &[Problem]) -> (Vec<String>, usize) {
+    let cv = build(gpu, f, d);
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for p in shapes {
+        if let Err(why) = f.validate(d, p, &gpu.limits()) {
+            println!("skip {} {p:?}: {why}", f.name());
+            continue;
+        }
+        checked += 1;
+        let tol = f.default_tolerance(d, p);
+        match check_variant(gpu, f, &cv, d, p, 7, &tol) {
+            Ok(r) => {
+                println!(
+                    "{:10} {:50} {}: {} {}",
+                    f.name(),
+                    gemtune_kernels::defines::canonical(d),
+                    p.describe(),
+                    if r.passed { "PASS" } else { "FAIL" },
+                    r.detail
+                );
+                if !r.passed {
+                    bad.push(format!(
+                        "{} {} {}: {}",
+                        f.name(),
+                        gemtune_kernels::defines::canonical(d),
+                        p.describe(),
+                        r.detail
+                    ));
+                }
+            }
+            Err(e) => bad.push(format!("{} {}: error {e}", f.name(), p.describe())),
+        }
+    }
+    (bad, checked)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_route_variants_pass() {
+    let gpu = gpu();
+    let f = family("moe_route").expect("registered");
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for t in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Bf16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+    ] {
+        let mut shapes = Vec::new();
+        for m in [1, 3, 8] {
+            shapes.push(moe(m, 128, 8, 2816, 704, t));
+            shapes.push(moe(m, 8, 2, 256, 96, t));
+        }
+        shapes.push(moe(5, 130, 6, 2592, 96, t));
+        shapes.push(moe(2, 256, 32, 512, 96, t));
+        for over in [
+            vec![],
+            vec![("WARPS", i(8))],
+            vec![("ROWS", i(2))],
+            vec![("ROWS", i(4)), ("WARPS", i(2))],
+            vec![("WARPS", i(1))],
+        ] {
+            let d = with(f.default_defines(t), &over);
+            let (b, n) = check_all(&gpu, f, &d, &shapes);
+            bad.extend(b);
+            checked += n;
+        }
+    }
+    assert!(checked >= 60, "only {checked} cells checked");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Every router row identical: all logits tie, so the ids are 0..K-1 in
+/// order and the weights are 1/K times the scales; then one row nudged up
+/// by one step ranks first and the rest keep the index order.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_route_ties_rank_the_lower_expert_first() {
+    let gpu = gpu();
+    let f = family("moe_route").expect("registered");
+    let (tokens, e, k, d) = (3usize, 40usize, 6usize, 256usize);
+    let p = moe(tokens, e, k, d, 96, GgmlType::F32);
+    for rows in [1i64, 2, 4] {
+        let defs = with(f.default_defines(GgmlType::F32), &[("ROWS", i(rows))]);
+        let geo = f.validate(&defs, &p, &gpu.limits()).expect("valid");
+        let module = gpu.load(&build(&gpu, f, &defs)).expect("load");
+        let row: Vec<f32> = (0..d)
+            .map(|c| ((c * 37 % 17) as f32 - 8.0) / 16.0)
+            .collect();
+        // Positive inputs: raising a weight raises every token's logit.
+        let z: Vec<f32> = (0..tokens * d)
+            .map(|c| ((c * 11 % 13) as f32 + 1.0) / 8.0)
+            .collect();
+        let scale: Vec<f32> = (0..e).map(|x| 1.0 + x as f32 / 64.0).collect();
+        for nudge in [None, Some(29usize)] {
+            let mut w: Vec<f32> = (0..e).flat_map(|_| row.clone()).collect();
+            if let Some(n) = nudge {
+                w[n * d] += 0.25;
+            }
+            let wb = gpu.upload(&w).expect("w");
+            let zb = gpu.upload(&z).expect("z");
+            let sb = gpu.upload(&scale).expect("scale");
+            let logits = gpu.alloc(tokens * e * 4).expect("logits");
+            let ids = gpu.alloc(tokens * k * 4).expect("ids");
+            let weights = gpu.alloc(tokens * k * 4).expect("weights");
+            let counter = gpu.upload(&[0u32]).expect("counter");
+            let args = MoeRouteArgs {
+                w: wb.ptr(),
+                z: zb.ptr(),
+                scale: sb.ptr(),
+                logits: logits.ptr(),
+                ids: ids.ptr(),
+                weights: weights.ptr(),
+                counter: counter.ptr(),
+                d,
+                n_experts: e,
+                n_used: k,
+            };
+            // Twice: the counter must come back to zero for the second.
+            for run in 0..2 {
+                gpu.launch(&module, &geo, &args.kargs()).expect("launch");
+                gpu.synchronize().expect("sync");
+                let l: Vec<f32> = gpu.download(&logits).expect("logits");
+                let got: Vec<i32> = gpu.download(&ids).expect("ids");
+                let wt: Vec<f32> = gpu.download(&weights).expect("weights");
+                let c: Vec<u32> = gpu.download(&counter).expect("counter");
+                assert_eq!(c, vec![0], "the counter is reset");
+                for t in 0..tokens {
+                    let lt = &l[t * e..(t + 1) * e];
+                    for x in (1..e).filter(|&x| Some(x) != nudge) {
+                        assert_eq!(
+                            lt[x].to_bits(),
+                            lt[0].to_bits(),
+                            "ROWS={rows} run {run} token {t}: identical rows, identical logits"
+                        );
+                    }
+                    // Ties in index order, after the nudged row if any.
+                    let want: Vec<i32> = match nudge {
+                        None => (0..k as i32).collect(),
+                        Some(n) => {
+                            assert!(lt[n] > lt[0], "the nudged row leads");
+                            std::iter::once(n as i32).chain(0..k as i32 - 1).collect()
+                        }
+                    };
+                    assert_eq!(
+                        &got[t * k..(t + 1) * k],
+                        &want[..],
+                        "ROWS={rows} nudge {nudge:?} run {run} token {t}"
+                    );
+                    if nudge.is_none() {
+                        for j in 0..k {
+                            let w_want = scale[j] / k as f32;
+                            let w_got = wt[t * k + j];
+                            assert!(
+                                (w_got - w_want).abs() <= 1e-6 * w_want,
+                                "token {t} rank {j}: {w_got} vs {w_want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_gemv_variants_pass() {
+    let gpu = gpu();
+    let f = family("moe_gemv").expect("registered");
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::F16] {
+        let mut shapes = vec![
+            moe(1, 128, 8, 2816, 704, t),
+            moe(8, 128, 8, 2816, 704, t),
+            moe(3, 8, 2, 256, 96, t),
+            moe(8, 12, 8, 512, 128, t),
+            moe(2, 5, 2, 512, 256, t),
+        ];
+        if t == GgmlType::F16 {
+            shapes.push(moe(3, 6, 3, 264, 40, t));
+        }
+        for stage in ["GATE_UP", "DOWN"] {
+            for over in [
+                vec![],
+                vec![("ROWS", i(2))],
+                vec![("ROWS", i(4)), ("WARPS", i(8))],
+                vec![("LAYOUT", i(0))],
+                vec![("COUNT_BYTES", i(1))],
+                vec![("WARPS", i(1))],
+            ] {
+                let mut d = with(f.default_defines(t), &over);
+                d.insert("STAGE".into(), s(stage));
+                let (b, n) = check_all(&gpu, f, &d, &shapes);
+                bad.extend(b);
+                checked += n;
+            }
+        }
+    }
+    assert!(checked >= 150, "only {checked} cells checked");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Eight tokens that all choose experts 3 and 6 (slots in both orders) out
+/// of 16: both stages read exactly those two experts' bytes, once, and no
+/// byte of any other expert. Zero weights (valid Q8_0 blocks): only the
+/// counters matter here; `moe_gemv_variants_pass` checks the values.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_gemv_reads_only_the_chosen_experts_once() {
+    let gpu = gpu();
+    let f = family("moe_gemv").expect("registered");
+    let (tokens, e, k, d, ffn) = (8usize, 16usize, 2usize, 512usize, 128usize);
+    let p = moe(tokens, e, k, d, ffn, GgmlType::Q8_0);
+    let ids: Vec<i32> = (0..tokens)
+        .flat_map(|t| if t % 2 == 0 { [3, 6] } else { [6, 3] })
+        .collect();
+    let idb = gpu.upload(&ids).expect("ids");
+    let wts = gpu.upload(&vec![0.5f32; tokens * k]).expect("weights");
+    let x = gpu.upload(&vec![1.0f32; tokens * d]).expect("x");
+    let h = gpu.upload(&vec![1.0f32; tokens * k * ffn]).expect("h");
+    let y = gpu.alloc(tokens * d * 4).expect("y");
+    let count = gpu.alloc(e * 8).expect("count");
+    for layout in [0i64, 1] {
+        for stage in ["GATE_UP", "DOWN"] {
+            for (rows, warps) in [(1i64, 4i64), (2, 2), (4, 8)] {
+                let defs = with(
+                    f.default_defines(GgmlType::Q8_0),
+                    &[
+                        ("STAGE", s(stage)),
+                        ("LAYOUT", i(layout)),
+                        ("ROWS", i(rows)),
+                        ("WARPS", i(warps)),
+                        ("COUNT_BYTES", i(1)),
+                    ],
+                );
+                let geo = f.validate(&defs, &p, &gpu.limits()).expect("valid");
+                let module = gpu.load(&build(&gpu, f, &defs)).expect("load");
+                let (nrows, k_in) = if stage == "GATE_UP" {
+                    (2 * ffn, d)
+                } else {
+                    (d, ffn)
+                };
+                // Bytes per row in the layout: GGUF blocks, or int8 quants
+                // and f16 scales.
+                let row_bytes = if layout == 0 {
+                    k_in / 32 * 34
+                } else {
+                    k_in + k_in / 32 * 2
+                };
+                let (wq, wd) = if layout == 0 {
+                    (gpu.alloc(e * nrows * row_bytes).expect("w"), None)
+                } else {
+                    (
+                        gpu.alloc(e * nrows * k_in).expect("wq"),
+                        Some(gpu.alloc(e * nrows * k_in / 32 * 2).expect("wd")),
+                    )
+                };
+                gpu.fill_u32(&wq, 0).expect("zero");
+                if let Some(b) = &wd {
+                    gpu.fill_u32(b, 0).expect("zero");
+                }
+                gpu.fill_u32(&count, 0).expect("zero");
+                let w = ExpertWeights {
+                    q: wq.ptr(),
+                    d: wd.as_ref().map_or(NULL, |b| b.ptr()),
+                };
+                let args = if stage == "GATE_UP" {
+                    MoeGateUpArgs {
+                        w,
+                        x: x.ptr(),
+                        ids: idb.ptr(),
+                        h: y.ptr(),
+                        count: count.ptr(),
+                        d,
+                        ffn,
+                        n_experts: e,
+                        n_used: k,
+                    }
+                    .kargs()
+                } else {
+                    MoeDownArgs {
+                        w,
+                        h: h.ptr(),
+                        ids: idb.ptr(),
+                        weights: wts.ptr(),
+                        y: y.ptr(),
+                        count: count.ptr(),
+                        d,
+                        ffn,
+                        n_experts: e,
+                        n_used: k,
+                    }
+                    .kargs()
+                };
+                gpu.launch(&module, &geo, &args).expect("launch");
+                gpu.synchronize().expect("sync");
+                let got: Vec<u64> = gpu.download(&count).expect("count");
+                let want: Vec<u64> = (0..e)
+                    .map(|x| {
+                        if x == 3 || x == 6 {
+                            (nrows * row_bytes) as u64
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "{stage} LAYOUT={layout} ROWS={rows} WARPS={warps}: bytes read per expert"
+                );
+            }
+        }
+    }
+}
