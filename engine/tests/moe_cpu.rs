@@ -121,6 +121,41 @@ fn routing_breaks_ties_to_the_lower_expert_and_renormalises() {
     assert_eq!(out[1].weight, (p1 / (p1 + p2) * 3.0) as f32);
 }
 
+/// The CPU engine chooses the experts the `moe_route` kernel's oracle
+/// chooses (`kernels::oracle::route_topk`: larger logit first, the lower
+/// index among equal logits), on random logits with many exact ties and on
+/// logits so close that their f32 probabilities round to the same value.
+#[test]
+fn routing_agrees_with_the_kernel_oracle() {
+    use gemtune_kernels::oracle::route_topk;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let (e, k) = (128usize, 8usize);
+    let ones = vec![1.0f32; e];
+    let mut probs = vec![0.0f32; e];
+    let mut order = Vec::new();
+    let mut out = vec![
+        Choice {
+            expert: 0,
+            weight: 0.0
+        };
+        k
+    ];
+    for trial in 0..200 {
+        let logits: Vec<f32> = (0..e)
+            .map(|_| match trial % 3 {
+                // Few distinct values: ties straddle the k-th place.
+                0 => rng.random_range(0..4) as f32,
+                // Neighbours one ulp apart around 20: equal probabilities.
+                1 => f32::from_bits(20.0f32.to_bits() + rng.random_range(0..3)),
+                _ => rng.random_range(-4.0f32..4.0),
+            })
+            .collect();
+        moe::route(&logits, &ones, &mut probs, &mut order, &mut out);
+        let got: Vec<usize> = out.iter().map(|c| c.expert).collect();
+        assert_eq!(got, route_topk(&logits, k), "trial {trial}");
+    }
+}
+
 /// tiny-moe (Q8_0) with every router written as zeros: every logit is 0,
 /// every probability 1/6, a six-way tie on every token and layer.
 #[test]

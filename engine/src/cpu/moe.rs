@@ -46,26 +46,32 @@ pub struct Choice {
     pub weight: f32,
 }
 
-/// Every expert by rank into `order`: the indices of `probs`, highest
-/// probability first; a token's top `k` are `order[..k]`.
+/// Every expert by rank into `order`: the indices of `logits`, highest
+/// router logit first; a token's top `k` are `order[..k]`.
 ///
-/// Tie rule: experts of equal probability rank by index, the lower first
-/// (so the lower index is chosen when a tie straddles the k-th place).
-/// llama.cpp selects experts with `ggml_top_k`, whose CPU kernel is a
-/// `std::partial_sort` of the indices under the strict `p[a] > p[b]` (an
-/// unstable `std::sort` in `ggml_argsort` before it): the order of equal
-/// probabilities is unspecified there, so no rule can agree with every
-/// build on ties. Where llama.cpp's choice is defined (distinct
-/// probabilities) this rule chooses the same experts; on ties it is
-/// deterministic, independent of batch and thread count, and what a
-/// stable sort gives. Equal f32 probabilities come from equal logits or
-/// from rounding the softmax to f32. A NaN ranks above every number
-/// (`f32::total_cmp`), so a NaN logit reaches the output instead of being
-/// skipped.
-pub fn rank_experts(probs: &[f32], order: &mut Vec<usize>) {
+/// Ranked by logit, not by the f32 softmax probability: the softmax is
+/// monotonic, so the experts are the same wherever the probabilities
+/// differ, and the logit is what the `moe_route` kernel ranks (it cannot
+/// reproduce the CPU's f32 probabilities bit for bit); two distinct logits
+/// that round to one f32 probability rank by logit here and there.
+///
+/// Tie rule: experts of equal logit rank by index, the lower first (so the
+/// lower index is chosen when a tie straddles the k-th place), the rule of
+/// `kernels::oracle::route_topk`. llama.cpp selects experts with
+/// `ggml_top_k`, whose CPU kernel is a `std::partial_sort` of the indices
+/// under the strict `p[a] > p[b]` (an unstable `std::sort` in
+/// `ggml_argsort` before it): the order of equal values is unspecified
+/// there, so no rule can agree with every build on ties. Where llama.cpp's
+/// choice is defined this rule chooses the same experts; on ties it is
+/// deterministic, independent of batch and thread count, and what a stable
+/// sort gives. A NaN logit ranks above every number (`f32::total_cmp`), so
+/// it reaches the output instead of being skipped (the kernel skips it: a
+/// NaN router logit is a broken model either way, and the reference shows
+/// it).
+pub fn rank_experts(logits: &[f32], order: &mut Vec<usize>) {
     order.clear();
-    order.extend(0..probs.len());
-    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    order.extend(0..logits.len());
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
 }
 
 /// Routes one token: `probs = softmax(logits)` over every expert, the top
@@ -85,7 +91,7 @@ pub fn route(
     debug_assert_eq!(logits.len(), expert_scale.len());
     debug_assert!(out.len() <= logits.len());
     oracle::softmax(logits, probs);
-    rank_experts(probs, order);
+    rank_experts(logits, order);
     let top = &order[..out.len()];
     let sum: f64 = top.iter().map(|&e| probs[e] as f64).sum();
     let sum = sum.max(MIN_WEIGHT_SUM);
