@@ -35,8 +35,9 @@ tb cuda_parity 170
 # 2. The k-quant GEMV after the 5..8-token segment loop, and the MoE router
 #    and expert GEMV families (bit-exact selection, fp values).
 ck gemv 150 --shapes edge_ktypes --shapes decode_ktypes_check
+tb gpu_moe 120
 ck moe_route 90
-ck moe_gemv 90
+ck moe_gemv 120
 # 3. bench's GFLOP/t and --full-work on the GPU, and the MoE refusal.
 tb cli_bench 60
 tb cli_moe 60
