@@ -30,6 +30,20 @@ pub struct Tolerance {
     pub replay_rms_rel: f64,
 }
 
+impl Tolerance {
+    /// The fp contract at an rms bound `fp` (e.g. `fp_rms_bound` of the
+    /// dot length): rms within `fp` of the oracle and of the replay, no
+    /// element beyond 20x it.
+    pub fn fp(fp: f64) -> Tolerance {
+        Tolerance {
+            rms_rel: fp,
+            max_rel: 20.0 * fp,
+            outlier_frac: 0.0,
+            replay_rms_rel: fp,
+        }
+    }
+}
+
 /// Outcome of one check.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckReport {

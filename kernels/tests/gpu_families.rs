@@ -2,34 +2,15 @@
 //! probes that print numbers. All `#[ignore = "needs a CUDA GPU"]`; without a
 //! GPU they panic with the reason instead of passing.
 
-use gemtune_kernels::compile::{compile, default_cache_dir, CompiledVariant};
+use gemtune_kernels::compile::default_cache_dir;
 use gemtune_kernels::defines::{DefineValue, Defines};
 use gemtune_kernels::family::{family, Family, Problem};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::{check_variant, Gpu};
 
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
-}
+mod common;
 
-fn build(gpu: &Gpu, f: &dyn Family, d: &Defines) -> CompiledVariant {
-    compile(f, d, gpu.arch(), default_cache_dir().as_deref())
-        .unwrap_or_else(|e| panic!("compile failed: {e}"))
-}
-
-fn with(mut d: Defines, kv: &[(&str, DefineValue)]) -> Defines {
-    for (k, v) in kv {
-        d.insert(k.to_string(), v.clone());
-    }
-    d
-}
-
-fn i(v: i64) -> DefineValue {
-    DefineValue::Int(v)
-}
-fn s(v: &str) -> DefineValue {
-    DefineValue::Str(v.into())
-}
+use common::{build, gpu, i, s, with};
 
 /// Checks `d` on every shape; returns the failures as lines.
 fn check_all(gpu: &Gpu, f: &dyn Family, d: &Defines, shapes: &[Problem]) -> Vec<String> {

@@ -7,34 +7,14 @@
 
 use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
 use gemtune_kernels::bind::NULL;
-use gemtune_kernels::compile::{compile, default_cache_dir, CompiledVariant};
-use gemtune_kernels::defines::{DefineValue, Defines};
+use gemtune_kernels::defines::Defines;
 use gemtune_kernels::family::{family, Family, MoeProblem, Problem};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::{check_variant, Gpu};
 
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
-}
+mod common;
 
-fn build(gpu: &Gpu, f: &dyn Family, d: &Defines) -> CompiledVariant {
-    compile(f, d, gpu.arch(), default_cache_dir().as_deref())
-        .unwrap_or_else(|e| panic!("compile failed: {e}"))
-}
-
-fn with(mut d: Defines, kv: &[(&str, DefineValue)]) -> Defines {
-    for (k, v) in kv {
-        d.insert(k.to_string(), v.clone());
-    }
-    d
-}
-
-fn i(v: i64) -> DefineValue {
-    DefineValue::Int(v)
-}
-fn s(v: &str) -> DefineValue {
-    DefineValue::Str(v.into())
-}
+use common::{build, gpu, i, s, with};
 
 fn moe(
     tokens: usize,

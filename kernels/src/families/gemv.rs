@@ -83,12 +83,7 @@ impl Family for Gemv {
                 outlier_frac: 1e-3,
                 replay_rms_rel: fp,
             },
-            _ => Tolerance {
-                rms_rel: fp,
-                max_rel: 20.0 * fp,
-                outlier_frac: 0.0,
-                replay_rms_rel: fp,
-            },
+            _ => Tolerance::fp(fp),
         }
     }
     fn validate(

@@ -296,12 +296,7 @@ impl Family for MoeGemv {
             _ => 32,
         };
         let fp = fp_rms_bound(k);
-        Tolerance {
-            rms_rel: fp,
-            max_rel: 20.0 * fp,
-            outlier_frac: 0.0,
-            replay_rms_rel: fp,
-        }
+        Tolerance::fp(fp)
     }
     fn validate(
         &self,

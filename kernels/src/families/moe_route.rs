@@ -192,12 +192,7 @@ impl Family for MoeRoute {
     }
     fn default_tolerance(&self, _d: &Defines, p: &Problem) -> Tolerance {
         let fp = fp_rms_bound(moe_of(p).map(|m| m.d_model).unwrap_or(32));
-        Tolerance {
-            rms_rel: fp,
-            max_rel: 20.0 * fp,
-            outlier_frac: 0.0,
-            replay_rms_rel: fp,
-        }
+        Tolerance::fp(fp)
     }
     fn validate(
         &self,

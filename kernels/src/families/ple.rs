@@ -45,12 +45,7 @@ impl Family for Ple {
     fn default_tolerance(&self, _d: &Defines, p: &Problem) -> Tolerance {
         let pd = rows_of(p).map(|r| r.aux.max(1)).unwrap_or(256);
         let fp = 8.0 * super::gemv::fp_rms_bound(pd);
-        Tolerance {
-            rms_rel: fp,
-            max_rel: 20.0 * fp,
-            outlier_frac: 0.0,
-            replay_rms_rel: fp,
-        }
+        Tolerance::fp(fp)
     }
     fn validate(
         &self,
