@@ -19,6 +19,7 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::gemm_dq::GemmDq,
         &crate::families::gemm_wgmma::GemmWgmma,
         &crate::families::act_convert::ActConvert,
+        &crate::families::scale_expand::ScaleExpand,
         &crate::families::rmsnorm::RmsNorm,
         &crate::families::qk_norm_rope::QkNormRope,
         &crate::families::gelu_mul::GeluMul,

@@ -26,6 +26,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gemm_wgmma.cu", include_str!("../cuda/gemm_wgmma.cu")),
     ("stream.cu", include_str!("../cuda/stream.cu")),
     ("act_convert.cu", include_str!("../cuda/act_convert.cu")),
+    ("scale_expand.cu", include_str!("../cuda/scale_expand.cu")),
     ("act_out.cuh", include_str!("../cuda/act_out.cuh")),
     ("gather.cuh", include_str!("../cuda/gather.cuh")),
     ("rmsnorm.cu", include_str!("../cuda/rmsnorm.cu")),

@@ -11,7 +11,8 @@ use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
 use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
 use gemtune_kernels::bind::rows::{
-    ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, SoftcapArgs,
+    ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, ScaleExpandArgs,
+    SoftcapArgs,
 };
 use gemtune_kernels::bind::{Act, ActFormat, NULL};
 use gemtune_kernels::compile::{compile, default_cache_dir, nvrtc_available, Arch};
@@ -91,6 +92,11 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
                     ("OUT", text("DQ_F16")),
                 ],
             ));
+        }
+        "scale_expand" => {
+            for wt in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+                v.push((wt, Vec::new()));
+            }
         }
         "moe_route" => {
             for wt in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
@@ -234,6 +240,15 @@ fn launches(
                 x: NULL,
                 out: NULL,
                 n: 0,
+            }
+            .kargs(),
+        )],
+        "scale_expand" => vec![(
+            main,
+            ScaleExpandArgs {
+                src: NULL,
+                dst: NULL,
+                groups: 0,
             }
             .kargs(),
         )],

@@ -206,3 +206,17 @@ impl ActConvertArgs {
         vec![ptr(self.x), ptr(self.out), KArg::U64(self.n as u64)]
     }
 }
+
+/// `scale_expand(src, dst, groups)`: the GEMV's scale plane of a matrix of
+/// `groups` 32-element groups in, the prefill GEMMs' plane out.
+pub struct ScaleExpandArgs {
+    pub src: DevPtr,
+    pub dst: DevPtr,
+    pub groups: usize,
+}
+
+impl ScaleExpandArgs {
+    pub fn kargs(&self) -> Vec<KArg> {
+        vec![ptr(self.src), ptr(self.dst), KArg::U64(self.groups as u64)]
+    }
+}

@@ -19,6 +19,7 @@ pub mod qk_norm_rope;
 pub mod quantize_q8_1;
 pub mod rmsnorm;
 pub(crate) mod rows_common;
+pub mod scale_expand;
 pub mod softcap;
 pub(crate) mod tiles;
 
