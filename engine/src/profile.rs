@@ -63,6 +63,13 @@ pub struct ProfileFile {
     /// lossless plane repack). Inherited from the base unless set.
     #[serde(default)]
     pub head_convert: Option<String>,
+    /// Where the prefill GEMMs find a quantized matrix's scales:
+    /// `"resident"` (a second scale plane per matrix, uploaded at load) or
+    /// `"expand"` (the `scale_expand` slot writes it from the decode GEMV's
+    /// plane into a scratch buffer before each GEMM, so the device holds
+    /// the file's bytes). Inherited from the base unless set.
+    #[serde(default)]
+    pub gemm_scales: Option<String>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -117,6 +124,9 @@ pub struct Profile {
     /// The type a Q6_K tied head read through planes is converted to at
     /// load (`ProfileFile::head_convert`); `None`: read as it is.
     pub head_convert: Option<GgmlType>,
+    /// The prefill GEMMs' scale plane is expanded per launch from the
+    /// GEMV's (`ProfileFile::gemm_scales = "expand"`).
+    pub expand_gemm_scales: bool,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -339,6 +349,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("dp4a", include_str!("../../variants/profiles/dp4a.toml")),
     ("mmq", include_str!("../../variants/profiles/mmq.toml")),
     (
+        "resident-scales",
+        include_str!("../../variants/profiles/resident-scales.toml"),
+    ),
+    (
         "q6k-head",
         include_str!("../../variants/profiles/q6k-head.toml"),
     ),
@@ -413,6 +427,7 @@ impl Profile {
                 kv_type: None,
                 lossless: false,
                 head_convert: None,
+                expand_gemm_scales: false,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -435,6 +450,17 @@ impl Profile {
                 return Err(ProfileError::Parse {
                     at: loc.key(&["head_convert"]),
                     msg: format!("head_convert = \"{other}\": write \"Q8_0\" or \"none\""),
+                })
+            }
+        }
+        match f.gemm_scales.as_deref() {
+            None => {}
+            Some("resident") => p.expand_gemm_scales = false,
+            Some("expand") => p.expand_gemm_scales = true,
+            Some(other) => {
+                return Err(ProfileError::Parse {
+                    at: loc.key(&["gemm_scales"]),
+                    msg: format!("gemm_scales = \"{other}\": write \"resident\" or \"expand\""),
                 })
             }
         }
@@ -597,7 +623,16 @@ mod tests {
         let text = "name = \"x\"\nbase = \"main\"\n\n[slot.gemv]\nfamily = \"gemv\"\ndefines = { ALGO = 0 }\n";
         let p = Profile::parse("x.toml", text).expect("parses");
         assert_eq!(p.origin_of("gemv.qkv", Some("Q8_0")), "x.toml:4");
-        assert_eq!(p.origin_of("gemv.qkv", Some("Q4_0")), "builtin:main:36");
+        let main_line = BUILTIN[0]
+            .1
+            .lines()
+            .position(|l| l == "[slot.\"gemv@Q4_0\"]")
+            .expect("main serves gemv@Q4_0")
+            + 1;
+        assert_eq!(
+            p.origin_of("gemv.qkv", Some("Q4_0")),
+            format!("builtin:main:{main_line}")
+        );
         let e = Profile::parse("x.toml", &text.replace("\"gemv\"\n", "\"gemvv\"\n"))
             .unwrap_err()
             .to_string();

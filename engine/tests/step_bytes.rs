@@ -141,8 +141,8 @@ type Head = (GgmlType, u64);
 const HEAD_Q8_0: Head = (GgmlType::Q8_0, 8 * 34);
 /// Q6_K GGUF super-blocks, the embedding table's own bytes.
 const HEAD_Q6K_BLOCKS: Head = (GgmlType::Q6K, 210);
-/// The Q6_K plane repack: 128 nibble bytes and a 96-byte GEMV side record.
-const HEAD_Q6K_PLANES: Head = (GgmlType::Q6K, 128 + 96);
+/// The Q6_K plane repack: 128 nibble bytes and an 88-byte GEMV side record.
+const HEAD_Q6K_PLANES: Head = (GgmlType::Q6K, 128 + 88);
 
 fn check(v: SynthVariant, wt: WeightType, profile: &str, kv: KvType, head: Head) {
     let cfg = synth::preset(v);

@@ -28,7 +28,7 @@
 //      f16 scales wd[n][k/32]; quants are read with 16-byte loads.
 //      The k-quants (kquant.cuh, kernels/src/quant/repack.rs): wq is the
 //      nibble plane [n][k/2] (Q4_0's order per 32-element group) and wd the
-//      GEMV side records [n][k/256] (Q4_K 16, Q5_K 48, Q6_K 96 bytes: d,
+//      GEMV side records [n][k/256] (Q4_K 16, Q5_K 48, Q6_K 88 bytes: d,
 //      dmin and the packed 6-bit scales and mins, or the i8 scales and d,
 //      and the high-bit words); a lane's chunk is one group: a 16-byte
 //      nibble load plus the record's header (the 8 lanes of a super-block

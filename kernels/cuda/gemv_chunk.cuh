@@ -97,7 +97,7 @@ DEVI Chunk load_chunk(const u8* __restrict__ wq, const u16* __restrict__ wd, int
     const u64 sb = (u64)row * (k / 256) + c / 8;
     const u8* side = reinterpret_cast<const u8*>(wd);
 #if WTYPE == Q6_K
-    const u8* rec = side + sb * 96;
+    const u8* rec = side + sb * KQ6_REC;
     const uint2 hh = __ldg(reinterpret_cast<const uint2*>(rec + 8 * j));
     ch.h[0] = hh.x;
     ch.h[1] = hh.y;

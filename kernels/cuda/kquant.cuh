@@ -15,7 +15,8 @@
 //     nibbles of word t, one unsigned quant per byte.
 //   - GEMV side records per 256-element super-block: Q4_K 16 bytes (d, dmin,
 //     the 12 packed scale/min bytes), Q5_K 48 (the same, then the 8 high
-//     words), Q6_K 96 (16 high words, 16 i8 scales at 64, d f16 at 80).
+//     words), Q6_K KQ6_REC = 88 (16 high words, 16 i8 scales at 64, d f16
+//     at 80, zeros to 88: 8-byte aligned high-word pairs).
 //   - GEMM side words per group: Q4_K (d*sc, dmin*m), Q5_K (d*sc, dmin*m,
 //     high word, zero), Q6_K (d*scale[2g], d*scale[2g+1], two high words).
 // Values: Q4_K / Q5_K fma(q, d*sc, -dmin*m), Q6_K (d*scale) * (q - 32); with
@@ -31,6 +32,9 @@
 #define Q5_K 13
 #define F16 1
 #define BF16 30
+
+// Bytes of a Q6_K GEMV side record (quant::repack::gemv_side_bytes).
+#define KQ6_REC 88
 
 #define IS_KQUANT(t) ((t) == Q4_K || (t) == Q5_K || (t) == Q6_K)
 #define IS_W16(t) ((t) == F16 || (t) == BF16)

@@ -50,7 +50,7 @@
 #elif WTYPE == Q5_K
 #define REC 48
 #elif WTYPE == Q6_K
-#define REC 96
+#define REC KQ6_REC
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS)

@@ -43,6 +43,10 @@ pub struct Buffers {
     pub logits: DeviceBuffer,
     /// Split-KV partials of the decode attention.
     pub attn_scratch: DeviceBuffer,
+    /// The prefill GEMMs' scale plane of the matrix being multiplied, when
+    /// the profile expands it per launch (`scale_expand`; 16 bytes
+    /// otherwise).
+    pub scale_scratch: DeviceBuffer,
 }
 
 /// Most rows the head runs at once (the GEMV's token limit).
@@ -55,9 +59,9 @@ impl Buffers {
         cfg: &Gemma4Config,
         vocab: usize,
         rows: usize,
-        attn_scratch_bytes: usize,
+        scratch: Scratch,
     ) -> Result<Buffers, GpuError> {
-        let s = Sizes::of(cfg, vocab, rows, attn_scratch_bytes);
+        let s = Sizes::of(cfg, vocab, rows, scratch);
         let a = |n: usize| gpu.alloc(n);
         Ok(Buffers {
             tokens: a(s.tokens)?,
@@ -77,13 +81,14 @@ impl Buffers {
             pg: a(s.pg)?,
             logits: a(s.logits)?,
             attn_scratch: a(s.attn_scratch)?,
+            scale_scratch: a(s.scale_scratch)?,
         })
     }
 
     /// Bytes `new` allocates for these sizes (the fit check before any
     /// allocation).
-    pub fn bytes_for(cfg: &Gemma4Config, vocab: usize, rows: usize, attn_scratch: usize) -> u64 {
-        Sizes::of(cfg, vocab, rows, attn_scratch).total()
+    pub fn bytes_for(cfg: &Gemma4Config, vocab: usize, rows: usize, scratch: Scratch) -> u64 {
+        Sizes::of(cfg, vocab, rows, scratch).total()
     }
 
     pub fn bytes(&self) -> u64 {
@@ -105,6 +110,7 @@ impl Buffers {
             &self.pg,
             &self.logits,
             &self.attn_scratch,
+            &self.scale_scratch,
         ]
         .iter()
         .map(|b| b.bytes() as u64)
@@ -132,10 +138,21 @@ struct Sizes {
     pg: usize,
     logits: usize,
     attn_scratch: usize,
+    scale_scratch: usize,
+}
+
+/// The scratch buffers the plan sizes (bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scratch {
+    /// Split-KV partials (`forward_plan::attn_scratch_bytes`).
+    pub attn: usize,
+    /// The largest expanded GEMM scale plane
+    /// (`forward_plan::scale_scratch_bytes`).
+    pub scales: usize,
 }
 
 impl Sizes {
-    fn of(cfg: &Gemma4Config, vocab: usize, rows: usize, attn_scratch: usize) -> Sizes {
+    fn of(cfg: &Gemma4Config, vocab: usize, rows: usize, scratch: Scratch) -> Sizes {
         let w = cfg.act_widths();
         let widest = w.widest_input();
         let f = |n: usize| 4 * n.max(1);
@@ -156,7 +173,8 @@ impl Sizes {
             ple: f(rows * w.ple_all),
             pg: f(rows * w.ple),
             logits: f(HEAD_ROWS * vocab),
-            attn_scratch: attn_scratch.max(16),
+            attn_scratch: scratch.attn.max(16),
+            scale_scratch: scratch.scales.max(16),
         }
     }
     fn total(&self) -> u64 {
@@ -178,6 +196,7 @@ impl Sizes {
             self.pg,
             self.logits,
             self.attn_scratch,
+            self.scale_scratch,
         ]
         .iter()
         .map(|&b| b as u64)

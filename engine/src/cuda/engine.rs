@@ -11,7 +11,7 @@ use gemtune_kernels::family::KvType;
 use gemtune_kernels::gpu::{Gpu, GpuError};
 use gemtune_kernels::runtime::{Graph, Kernel, KernelCache, PinnedBuf};
 
-use super::buffers::{self, Buffers};
+use super::buffers::{self, Buffers, Scratch};
 use super::forward_plan::{
     attn_scratch_bytes, BucketPlan, ForwardPlan, LoadedKernels, ModelDims, Sizing,
 };
@@ -175,7 +175,10 @@ impl<'m> CudaEngine<'m> {
             EngineError::Device("the plan has no one-row decode bucket with a head".into())
         })?;
 
-        let scratch = attn_scratch_bytes(cfg, &sizing);
+        let scratch = Scratch {
+            attn: attn_scratch_bytes(cfg, &sizing),
+            scales: super::forward_plan::scale_scratch_bytes(&plan),
+        };
         refuse_lossy(&planner.profile, &dims)?;
         let need = super::forward_plan::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)

@@ -30,6 +30,7 @@ use std::collections::{BTreeSet, HashMap};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, WeightLayout};
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::defines::{canonical, DefineValue};
+use gemtune_kernels::families::scale_expand;
 use gemtune_kernels::family::{AttnProblem, KvType, LaunchGeometry, Problem, RowsProblem, WType};
 use gemtune_kernels::gpu::{Gpu, GpuError};
 use gemtune_kernels::quant::GgmlType;
@@ -37,7 +38,7 @@ use gemtune_kernels::runtime::{Kernel, KernelCache};
 
 use super::planner::{Decision, PlanError, Planner, Resolution, GEMV_BLOCK};
 use super::slots::{Proj, Slot, GEMV_MAX_ROWS};
-use super::weights::{self, ProjLayouts};
+use super::weights::{self, ProjLayouts, PLANES_F16, PLANES_F32};
 use crate::config::{AttnKind, Gemma4Config};
 use crate::model::{MatRef, Model};
 use crate::work::RowWork;
@@ -472,6 +473,11 @@ pub struct MatmulPlan {
     /// When the input comes from an f32 buffer and the variant reads
     /// another format: the pre-pass that writes it into the `act` buffer.
     pub prepass: Option<PrepassPlan>,
+    /// The `scale_expand` launch that writes the kernel's scale plane
+    /// (`PLANES_F32`) from the GEMV's into the scale scratch buffer before
+    /// it runs (`Profile::expand_gemm_scales`); `None`: the kernel reads
+    /// the matrix's own planes.
+    pub scales: Option<LaunchId>,
     pub exec: MatmulExec,
 }
 
@@ -583,15 +589,37 @@ pub struct BucketPlan {
     pub launches: Vec<LaunchId>,
 }
 
-/// Adds the layouts projection `m`'s launches read.
+/// Adds the layouts projection `m`'s launches read. A kernel whose scale
+/// plane is expanded per launch reads the GEMV layout's quant and scale
+/// planes (the expansion's input), not a resident f32 plane.
 fn add_layouts(lay: &mut ProjLayouts, m: &MatmulPlan) {
     let l = lay.get_mut(m.proj);
     if matches!(m.exec, MatmulExec::Vendor { .. }) {
         l.bf16 = true;
     }
     for b in m.bindings() {
-        l.add(b.layout);
+        if m.scales.is_some() && b.layout == PLANES_F32 {
+            l.add(PLANES_F16);
+        } else {
+            l.add(b.layout);
+        }
     }
+}
+
+/// Bytes of the scale scratch buffer: the largest GEMM scale plane any
+/// `scale_expand` launch of the plan writes (0 when none does).
+pub fn scale_scratch_bytes(plan: &ForwardPlan) -> usize {
+    plan.launches
+        .iter()
+        .filter(|l| l.slot == Slot::ScaleExpand)
+        .filter_map(|l| match l.problem {
+            Problem::Matmul(m) => {
+                WType::of(m.wtype).map(|wt| scale_expand::dst_bytes(wt, m.n * (m.k / 32)))
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Whether the tied head can read the embedding table's device copy (its
@@ -813,6 +841,7 @@ impl Builder<'_> {
                 dim,
                 input: ActFormat::F32,
                 prepass: None,
+                scales: None,
                 exec: MatmulExec::Vendor { convert },
             });
         }
@@ -842,6 +871,24 @@ impl Builder<'_> {
                 id,
             )
         };
+        // A kernel reading the GEMMs' scale plane (f32 scales or k-quant
+        // side words) gets it from the GEMV's plane just before it runs
+        // when the profile keeps one scale plane per matrix.
+        let scales = match (&exec, WType::of(t)) {
+            (MatmulExec::Kernel { .. }, Some(wt))
+                if self.planner.profile.expand_gemm_scales
+                    && binding.layout == PLANES_F32
+                    && scale_expand::expands(wt) =>
+            {
+                Some(self.push(
+                    Slot::ScaleExpand,
+                    Problem::matmul(1, n, k, t),
+                    vec![],
+                    GridRule::Fixed,
+                )?)
+            }
+            _ => None,
+        };
         let prepass = match (from_f32, binding.prepass) {
             (false, _) | (true, Prepass::None) => None,
             (true, Prepass::QuantizeQ8_1) => Some(PrepassPlan {
@@ -864,6 +911,7 @@ impl Builder<'_> {
             dim,
             input: binding.act,
             prepass,
+            scales,
             exec,
         })
     }
@@ -1517,13 +1565,112 @@ mod tests {
                             "{what}: the head has its own copy"
                         );
                         let bound = if w == WeightType::Q6K {
-                            224.0 / 210.0
+                            216.0 / 210.0
                         } else {
                             1.0
                         };
                         assert!(ratio <= bound + 1e-9, "{what}: {ratio:.4}x the file");
                     }
                     assert!(ratio < 2.0, "{what}: {ratio:.4}x the file");
+                }
+            }
+        }
+    }
+
+    /// `main` expands each quantized prefill GEMM's scale plane from the
+    /// GEMV's before it runs (`gemm_scales = "expand"`): prefill buckets
+    /// plan one `scale_expand` per such GEMM, decode buckets none, and the
+    /// weights but the head's own copy take the file's bytes (Q6_K: its
+    /// records' padding apart), so no quantized matrix uploads the GEMMs'
+    /// plane (16-bit ones have none).
+    /// `resident-scales` uploads both planes: exactly the f32 planes more.
+    #[test]
+    fn expanded_gemm_scales_keep_the_weights_at_the_files_bytes() {
+        use crate::synth::mix;
+        for v in [SynthVariant::E4b, SynthVariant::B12] {
+            let cfg = synth::preset(v);
+            for w in [
+                WeightType::Q8_0,
+                WeightType::Q4_0,
+                WeightType::Q4KM,
+                WeightType::Q5KM,
+                WeightType::Q6K,
+                WeightType::Bf16,
+            ] {
+                let mut bytes = Vec::new();
+                for profile in ["main", "resident-scales"] {
+                    let what = format!("{} {} {profile}", v.name(), w.name());
+                    let planner = Planner::new(
+                        Profile::load(profile).expect("profile"),
+                        None,
+                        DeviceLimits::for_arch(Arch(90)),
+                    );
+                    let dims = ModelDims::of_synth(&cfg, w, &planner);
+                    let sizing = Sizing {
+                        max_seq: 4096,
+                        ubatch: 512,
+                        kv_type: KvType::F16,
+                    };
+                    let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let expand = profile == "main";
+                    let mut expanded = 0;
+                    for b in &plan.buckets {
+                        let prefill = b.rows > GEMV_MAX_ROWS;
+                        for l in &b.layers {
+                            let mut ms: Vec<&MatmulPlan> = l.qkv.iter().collect();
+                            ms.extend([&l.o, &l.gate_up, &l.down]);
+                            for m in ms {
+                                let quantized = WType::of(m.dim.2).is_some_and(|t| !t.is_16bit());
+                                let f32_planes =
+                                    m.bindings().iter().any(|b| b.layout == PLANES_F32);
+                                assert_eq!(
+                                    m.scales.is_some(),
+                                    expand && prefill && quantized && f32_planes,
+                                    "{what} bucket {} {:?}",
+                                    b.rows,
+                                    m.proj
+                                );
+                                if let Some(id) = m.scales {
+                                    assert_eq!(plan.launches[id].slot, Slot::ScaleExpand);
+                                    assert_eq!(
+                                        plan.launches[id].problem,
+                                        Problem::matmul(1, m.dim.0, m.dim.1, m.dim.2)
+                                    );
+                                    expanded += 1;
+                                }
+                            }
+                        }
+                    }
+                    let quantized = w != WeightType::Bf16;
+                    assert_eq!(expanded > 0, expand && quantized, "{what}: {expanded}");
+                    assert_eq!(
+                        scale_scratch_bytes(&plan) > 0,
+                        expand && quantized,
+                        "{what}"
+                    );
+                    if expand {
+                        let mut no_head = plan.layouts;
+                        no_head.head_native = true;
+                        let b = model_bytes(&dims, &no_head) as f64;
+                        let ratio = b / dims.file_bytes as f64;
+                        let types =
+                            mix::tensor_types(&crate::plan::tensor_plan(&cfg), cfg.n_layers, w);
+                        let bound = if types.contains(&GgmlType::Q6K) {
+                            216.0 / 210.0
+                        } else {
+                            1.0
+                        };
+                        eprintln!("{what}: weights but the head {ratio:.4}x the file");
+                        assert!(ratio <= bound + 1e-9, "{what}: {ratio:.4}x the file");
+                        assert!(ratio > 0.95, "{what}: {ratio:.4}x the file");
+                    }
+                    bytes.push(model_bytes(&dims, &plan.layouts));
+                }
+                if w == WeightType::Bf16 {
+                    assert_eq!(bytes[0], bytes[1], "{} bf16", v.name());
+                } else {
+                    assert!(bytes[0] < bytes[1], "{} {}: {bytes:?}", v.name(), w.name());
                 }
             }
         }

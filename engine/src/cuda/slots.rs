@@ -76,6 +76,9 @@ pub enum Slot {
     Softcap,
     QuantizeQ8_1,
     ActConvert,
+    /// The prefill GEMMs' scale plane written from the GEMV's before each
+    /// GEMM (profiles with `gemm_scales = "expand"`).
+    ScaleExpand,
 }
 
 impl Slot {
@@ -104,7 +107,7 @@ impl Slot {
         Slot::Softcap,
     ];
     /// Slots not in `ALL` order above but served too: the pre-passes.
-    pub const PREPASSES: [Slot; 2] = [Slot::QuantizeQ8_1, Slot::ActConvert];
+    pub const PREPASSES: [Slot; 3] = [Slot::QuantizeQ8_1, Slot::ActConvert, Slot::ScaleExpand];
 
     /// The slot serving projection `p` at `rows` rows (the head is a GEMV
     /// slot at every row count: it runs at most `GEMV_MAX_ROWS` at once).
@@ -153,6 +156,7 @@ impl Slot {
             Slot::Softcap => "softcap",
             Slot::QuantizeQ8_1 => "quantize_q8_1",
             Slot::ActConvert => "act_convert",
+            Slot::ScaleExpand => "scale_expand",
         }
     }
 
@@ -188,6 +192,9 @@ impl Slot {
             Slot::Softcap => "final logit softcap",
             Slot::QuantizeQ8_1 => "f32 -> Q8_1 activation pre-pass for dp4a/mmq consumers",
             Slot::ActConvert => "f32 -> bf16 operands of the vendor (cuBLAS) GEMM arm",
+            Slot::ScaleExpand => {
+                "a quantized matrix's prefill GEMM scales from its decode GEMV scales (gemm_scales = \"expand\")"
+            }
         }
     }
 
@@ -231,6 +238,7 @@ pub enum Phase {
     GemmDown,
     GemmPle,
     ActConvert,
+    ScaleExpand,
     Gelu,
     Head,
     /// Charged by callers that sample on the device (bench's tg rows).
@@ -238,7 +246,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 15] = [
+    pub const ALL: [Phase; 16] = [
         Phase::Embed,
         Phase::Ple,
         Phase::Norm,
@@ -251,6 +259,7 @@ impl Phase {
         Phase::GemmDown,
         Phase::GemmPle,
         Phase::ActConvert,
+        Phase::ScaleExpand,
         Phase::Gelu,
         Phase::Head,
         Phase::Sampling,
@@ -270,6 +279,7 @@ impl Phase {
             Phase::GemmDown => "gemm_down",
             Phase::GemmPle => "gemm_ple",
             Phase::ActConvert => "act_convert",
+            Phase::ScaleExpand => "scale_expand",
             Phase::Gelu => "gelu",
             Phase::Head => "head",
             Phase::Sampling => "sampling",
@@ -285,10 +295,10 @@ impl Phase {
 }
 
 /// The phase names, as tables and `ab` attribute them.
-pub const PHASES: [&str; 15] = {
-    let mut out = [""; 15];
+pub const PHASES: [&str; 16] = {
+    let mut out = [""; 16];
     let mut i = 0;
-    while i < 15 {
+    while i < 16 {
         out[i] = Phase::ALL[i].name();
         i += 1;
     }

@@ -8,8 +8,9 @@
 
 use gemtune_kernels::bind::attention as battn;
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
-use gemtune_kernels::bind::rows as brows;
+use gemtune_kernels::bind::rows::{self as brows, ScaleExpandArgs};
 use gemtune_kernels::bind::{Act, ActFormat, DevPtr, NULL};
+use gemtune_kernels::families::scale_expand;
 use gemtune_kernels::gpu::{DeviceBuffer, KArg};
 use gemtune_kernels::reference::cublas::GemmType;
 use gemtune_kernels::runtime::Kernel;
@@ -20,7 +21,7 @@ use super::forward_plan::{
 };
 use super::planner::GEMV_BLOCK;
 use super::slots::Phase;
-use super::weights::GpuMatrix;
+use super::weights::{GpuMatrix, PLANES_F16};
 use crate::engine::EngineError;
 
 /// Where a chunk's rows stand in the layer loop.
@@ -146,8 +147,20 @@ impl CudaEngine<'_> {
                     .map_err(dev)
             }
             MatmulExec::Kernel { launch, binding } => {
+                if let Some(id) = m.scales {
+                    self.expand_scales(k, id, w)?;
+                }
                 self.mark(phase)?;
-                self.matmul_launch(k, *launch, binding, w, x, (y, y_off), rows)
+                self.matmul_launch(
+                    k,
+                    *launch,
+                    binding,
+                    w,
+                    x,
+                    (y, y_off),
+                    rows,
+                    m.scales.is_some(),
+                )
             }
             MatmulExec::RowBlocks { blocks } => {
                 self.mark(phase)?;
@@ -165,7 +178,7 @@ impl CudaEngine<'_> {
                         },
                     };
                     let ys = (y, y_off + 4 * r0 * (w.n / b.matrices));
-                    self.matmul_launch(k, *id, b, w, &xs, ys, mc)?;
+                    self.matmul_launch(k, *id, b, w, &xs, ys, mc, false)?;
                     r0 += mc;
                 }
                 Ok(())
@@ -173,6 +186,31 @@ impl CudaEngine<'_> {
         }
     }
 
+    /// Writes the prefill GEMMs' scale plane of `w` (every row) into the
+    /// scale scratch buffer from its GEMV plane (`scale_expand`).
+    fn expand_scales(&self, k: &[Kernel], id: LaunchId, w: &GpuMatrix) -> Result<(), EngineError> {
+        let groups = w.n * (w.k / 32);
+        let need = scale_expand::dst_bytes(w.wtype, groups);
+        if need > self.b.scale_scratch.bytes() {
+            return Err(EngineError::Device(format!(
+                "{}: its expanded scales ({need} bytes) do not fit the scale scratch buffer ({} bytes)",
+                w.name,
+                self.b.scale_scratch.bytes()
+            )));
+        }
+        let src = w.weights_from(PLANES_F16, 0).map_err(dev)?.d;
+        let args = ScaleExpandArgs {
+            src,
+            dst: self.b.scale_scratch.ptr(),
+            groups,
+        };
+        self.mark(Phase::ScaleExpand)?;
+        self.launch(k, id, &args.kargs())
+    }
+
+    /// One launch of a matmul kernel. `expanded`: its scale plane is the
+    /// one `expand_scales` just wrote into the scale scratch buffer (the
+    /// quant plane is the matrix's own).
     #[allow(clippy::too_many_arguments)]
     fn matmul_launch(
         &self,
@@ -183,6 +221,7 @@ impl CudaEngine<'_> {
         x: &Act,
         (y, y_off): (&DeviceBuffer, usize),
         rows: usize,
+        expanded: bool,
     ) -> Result<(), EngineError> {
         let n = w.n / b.matrices;
         if b.zero_output {
@@ -191,8 +230,16 @@ impl CudaEngine<'_> {
                 .map_err(dev)?;
         }
         let mut ws = [Weights { q: NULL, d: NULL }; 2];
+        let (_, d_stride) = b.row_strides(w.wtype, w.k);
         for (i, slot) in ws.iter_mut().enumerate().take(b.matrices) {
-            *slot = w.weights_from(b.layout, i * n).map_err(dev)?;
+            *slot = if expanded {
+                Weights {
+                    q: w.weights_from(PLANES_F16, i * n).map_err(dev)?.q,
+                    d: self.b.scale_scratch.ptr() + (i * n * d_stride) as u64,
+                }
+            } else {
+                w.weights_from(b.layout, i * n).map_err(dev)?
+            };
         }
         let args = b
             .kargs(&ws[..b.matrices], x, y.ptr() + y_off as u64, rows, n, w.k)

@@ -289,7 +289,7 @@ impl MatmulBinding {
     ///   scales.
     /// - Planes of Q4_K / Q5_K / Q6_K (`quant::repack`): the nibble plane
     ///   (`k/2` bytes), and the GEMV side records (`ScaleType::F16`: 16 /
-    ///   48 / 96 bytes per 256) or the GEMM side words (`F32`: 2 / 4 / 4
+    ///   48 / 88 bytes per 256) or the GEMM side words (`F32`: 2 / 4 / 4
     ///   words per 32).
     pub fn row_strides(&self, wt: WType, k: usize) -> (usize, usize) {
         let nb = k / 32;

@@ -254,7 +254,8 @@ mod tests {
                     v
                 }
                 _ => {
-                    let rec = &src[g / 8 * 96..(g / 8 + 1) * 96];
+                    let rb = gemv_side_bytes(wt.ggml());
+                    let rec = &src[g / 8 * rb..(g / 8 + 1) * rb];
                     let j = g % 8;
                     let d = f16_to_f32(u16::from_le_bytes([rec[80], rec[81]]));
                     let word =

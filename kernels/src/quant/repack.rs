@@ -23,12 +23,15 @@
 //!   - Q6_K, two u32 per group: word 0 bits `8b + 2t, 8b + 2t + 1` are bits
 //!     4..5 of `q(32g + 4t + b)`, word 1 the same for `q(32g + 16 + 4t + b)`.
 //! - GEMV side records (compact, read by the decode GEMV), one per
-//!   super-block, 16-byte aligned sizes:
+//!   super-block, sizes that keep every field's load aligned (16 bytes
+//!   for the Q4_K / Q5_K headers, 8 for Q6_K's high-bit word pairs):
 //!   - Q4_K, 16 bytes: `d` f16, `dmin` f16, the 12 packed 6-bit scale and
 //!     min bytes, exactly the super-block's first 16 bytes;
 //!   - Q5_K, 48 bytes: those 16 bytes, then the 8 groups' high-bit words;
-//!   - Q6_K, 96 bytes: the 8 groups' two high-bit words (64 bytes), the 16
-//!     i8 scales, `d` f16 at byte 80, zeros to 96.
+//!   - Q6_K, 88 bytes: the 8 groups' two high-bit words (64 bytes), the 16
+//!     i8 scales, `d` f16 at byte 80, zeros to 88 (82 bytes of data: the
+//!     record holds the file's 210-byte super-block in 216 with the nibble
+//!     plane, 2.9 % more).
 //! - GEMM side words (read by the prefill GEMMs), f32 or u32 words per group:
 //!   - Q4_K, 2: `ds = d * sc_g`, `ms = dmin * m_g` (both exact in f32: an
 //!     11-bit significand times a 6-bit integer);
@@ -59,7 +62,7 @@ pub fn gemv_side_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4K => 16,
         GgmlType::Q5K => 48,
-        GgmlType::Q6K => 96,
+        GgmlType::Q6K => 88,
         _ => 0,
     }
 }
