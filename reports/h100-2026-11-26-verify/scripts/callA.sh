@@ -4,9 +4,9 @@
 # built and tested on the CPU only. Stage first (here):
 #   bash ../shared/tools/stage-gpu.sh
 #   tar -C . -cf - .gpu | xz -9e --lzma2=dict=192MiB > .gpubase/stage.tar.xz
-# then `run` with carry [".gpubase"] and `bash reports/pending-gpu-2026-11-26/callA.sh`.
+# then `run` with carry [".gpubase"] and `bash reports/h100-2026-11-26-verify/scripts/callA.sh`.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 t0=$SECONDS
 tar -xJf .gpubase/stage.tar.xz -C . || exit 4
 export PATH="$PWD/.gpu/bin:$PATH" GEMTUNE_CHECK_ARGS=1
@@ -36,6 +36,7 @@ tb cuda_parity 170
 #    and expert GEMV families (bit-exact selection, fp values).
 ck gemv 150 --shapes edge_ktypes --shapes decode_ktypes_check
 tb gpu_moe 120
+ck scale_expand 60
 ck moe_route 90
 ck moe_gemv 120
 # 3. bench's GFLOP/t and --full-work on the GPU, and the MoE refusal.
