@@ -96,7 +96,9 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
         "scale_expand" => {
             for wt in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
                 v.push((wt, Vec::new()));
+                v.push((wt, vec![("ALGO", int(1))]));
             }
+            v.push((GgmlType::Q8_0, vec![("ALGO", int(1))]));
         }
         "moe_route" => {
             for wt in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {

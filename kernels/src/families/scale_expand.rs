@@ -6,7 +6,7 @@
 //! kernels/cuda/scale_expand.cu.
 
 use super::{mmq, seeded_inputs};
-use crate::defines::{defines, int_range, Defines};
+use crate::defines::{defines, int_in, int_range, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, Module};
 use crate::kernel_family::Family;
@@ -83,7 +83,7 @@ impl Family for ScaleExpand {
         "scale_expand.cu"
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
-        let mut d = defines([("THREADS", 256i64)]);
+        let mut d = defines([("ALGO", 0i64), ("THREADS", 256)]);
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
@@ -113,7 +113,12 @@ impl Family for ScaleExpand {
             return Err(format!("THREADS={threads} is not a multiple of 32"));
         }
         let groups = (mp.n as u64) * (mp.k as u64 / 32);
-        let blocks = groups.div_ceil(threads as u64);
+        // ALGO 0: a thread per group; 1: a thread per 8 groups.
+        let units = match int_in(d, "ALGO", &[0, 1])? {
+            0 => groups,
+            _ => groups.div_ceil(8),
+        };
+        let blocks = units.div_ceil(threads as u64);
         if blocks > i32::MAX as u64 {
             return Err("problem too large for a 1-D grid".into());
         }
@@ -302,6 +307,16 @@ mod tests {
             .validate(&d, &Problem::matmul(1, 300, 2560, GgmlType::Q4K), &lim)
             .expect("valid");
         assert_eq!(g.grid.0 as usize, (300 * 2560 / 32usize).div_ceil(256));
+        let mut q8 = f.default_defines(GgmlType::Q8_0);
+        q8.insert("ALGO".into(), 1i64.into());
+        let g8 = f
+            .validate(&q8, &Problem::matmul(1, 3, 96, GgmlType::Q8_0), &lim)
+            .expect("valid");
+        assert_eq!(g8.grid.0, 1, "9 groups in 2 units of 8, one block");
+        q8.insert("ALGO".into(), 2i64.into());
+        assert!(f
+            .validate(&q8, &Problem::matmul(1, 3, 96, GgmlType::Q8_0), &lim)
+            .is_err());
         let d16 = f.default_defines(GgmlType::F16);
         let e = f
             .validate(&d16, &Problem::matmul(1, 8, 256, GgmlType::F16), &lim)
