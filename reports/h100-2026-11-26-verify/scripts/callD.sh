@@ -14,7 +14,7 @@ export PATH="$PWD/.gpu/bin:$PATH" GEMTUNE_CHECK_ARGS=1
 R="$OUT/r"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,driver_version --format=csv,noheader | tee "$R/gpu.txt"
 nproc | tee "$R/nproc.txt"
-left() { echo $((540 - (SECONDS - t0))); }
+left() { echo $((500 - (SECONDS - t0))); }
 tb() { # name timeout [filter]
   local n=$1 to=$2; shift 2
   local l=$(left); [ "$l" -lt 20 ] && { echo "$n: skipped (time)"; return; }
