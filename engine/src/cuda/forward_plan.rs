@@ -1583,7 +1583,8 @@ mod tests {
     /// weights but the head's own copy take the file's bytes (Q6_K: its
     /// records' padding apart), so no quantized matrix uploads the GEMMs'
     /// plane (16-bit ones have none).
-    /// `resident-scales` uploads both planes: exactly the f32 planes more.
+    /// `resident-scales` uploads both planes, so more bytes for every
+    /// quantized file and the same for BF16.
     #[test]
     fn expanded_gemm_scales_keep_the_weights_at_the_files_bytes() {
         use crate::synth::mix;
