@@ -7,31 +7,18 @@
 # carry [".gpubase"] and `bash reports/pending-gpu-2026-11-26/callE.sh`.
 set -u
 cd "$(dirname "$0")/../.."
-t0=$SECONDS
 tar -xJf .gpubase/stage.tar.xz -C . || exit 4
-export PATH="$PWD/.gpu/bin:$PATH" GEMTUNE_CHECK_ARGS=1
-R="$OUT/r"; mkdir -p "$R"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,driver_version --format=csv,noheader | tee "$R/gpu.txt"
-left() { echo $((570 - (SECONDS - t0))); }
-tb() { # name timeout [filter]
-  local n=$1 to=$2; shift 2
-  local l=$(left); [ "$l" -lt 20 ] && { echo "$n: skipped (time)"; return; }
-  [ "$to" -gt "$l" ] && to=$l
-  local s=$SECONDS
-  timeout "$to" .gpu/tests/$n-* --include-ignored --test-threads=1 "$@" > "$R/$n.log" 2>&1; local rc=$?
-  echo "$n rc=$rc $((SECONDS-s))s: $(grep -E '^test result' "$R/$n.log" | tail -1)"
-  grep -E "^test .*FAILED|panicked at" "$R/$n.log" | head -6
-}
+. scripts/gpu-call.sh 570
 # The staged suite's two long tests (issue 21), then the router test call C cut.
-tb cli_signals 200 tune_on_sigterm
-tb cli_ab 400 aa_on_the_gpu_is_same
-tb gpu_moe 150 moe_route_variants_pass
+gpu_test cli_signals 200 tune_on_sigterm
+gpu_test cli_ab 400 aa_on_the_gpu_is_same
+gpu_test gpu_moe 150 moe_route_variants_pass
 # E2B on equal work with llama.cpp (README table).
-l=$(left); if [ "$l" -gt 70 ]; then
+l=$(gpu_left); if [ "$l" -gt 70 ]; then
   gemtune synth e2b q8_0 /tmp/e2b-q8_0.gguf > /dev/null && sync
   timeout 60 gemtune bench -m /tmp/e2b-q8_0.gguf -p 512 -n 0 -r 3 --full-work > "$R/bench-e2b-full.txt" 2>&1
   timeout 60 gemtune bench -m /tmp/e2b-q8_0.gguf -p 2048 -n 0 -r 3 --full-work --ubatch 512 > "$R/bench-e2b-full-ub512.txt" 2>&1
   grep -hE "^\| gemma" "$R"/bench-e2b-*.txt
 fi
 tar -C "$OUT" -czf "$OUT/callE.tgz" r && rm -rf "$R"
-echo "total $((SECONDS-t0)) s"
+echo "total $((SECONDS - GPU_CALL_T0)) s"

@@ -1393,6 +1393,30 @@ mod tests {
         (p, planner)
     }
 
+    /// The sm_90 plan of `profile` for a synthetic model of `cfg` in `w`
+    /// (4096 positions, 512-token chunks), with its shapes.
+    fn synth_plan(
+        profile: &str,
+        cfg: &Gemma4Config,
+        w: WeightType,
+        what: &str,
+    ) -> (ForwardPlan, ModelDims) {
+        let planner = Planner::new(
+            Profile::load(profile).expect("profile"),
+            None,
+            DeviceLimits::for_arch(Arch(90)),
+        );
+        let dims = ModelDims::of_synth(cfg, w, &planner);
+        let sizing = Sizing {
+            max_seq: 4096,
+            ubatch: 512,
+            kv_type: KvType::F16,
+        };
+        let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        (plan, dims)
+    }
+
     #[test]
     fn buckets_cover_every_chunk_length() {
         let (p, _) = plan("main", SynthVariant::E4b, 512);
@@ -1481,19 +1505,7 @@ mod tests {
                     .collect();
                 for profile in ["main", "strict"] {
                     let what = format!("{} {} {profile}", v.name(), w.name());
-                    let planner = Planner::new(
-                        Profile::load(profile).expect("profile"),
-                        None,
-                        DeviceLimits::for_arch(Arch(90)),
-                    );
-                    let dims = ModelDims::of_synth(&cfg, w, &planner);
-                    let sizing = Sizing {
-                        max_seq: 4096,
-                        ubatch: 512,
-                        kv_type: KvType::F16,
-                    };
-                    let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let (plan, dims) = synth_plan(profile, &cfg, w, &what);
                     let name = |l: usize, s: &str| crate::plan::layer_tensor_name(l, s);
                     let mut mixed = 0;
                     for (l, ld) in dims.layers.iter().enumerate() {
@@ -1601,19 +1613,7 @@ mod tests {
                 let mut bytes = Vec::new();
                 for profile in ["main", "resident-scales"] {
                     let what = format!("{} {} {profile}", v.name(), w.name());
-                    let planner = Planner::new(
-                        Profile::load(profile).expect("profile"),
-                        None,
-                        DeviceLimits::for_arch(Arch(90)),
-                    );
-                    let dims = ModelDims::of_synth(&cfg, w, &planner);
-                    let sizing = Sizing {
-                        max_seq: 4096,
-                        ubatch: 512,
-                        kv_type: KvType::F16,
-                    };
-                    let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let (plan, dims) = synth_plan(profile, &cfg, w, &what);
                     let expand = profile == "main";
                     let mut expanded = 0;
                     for b in &plan.buckets {
