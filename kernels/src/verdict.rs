@@ -42,6 +42,15 @@ impl Tolerance {
             replay_rms_rel: fp,
         }
     }
+    /// The bitexact contract: every output word equal to the reference's.
+    pub fn bitexact() -> Tolerance {
+        Tolerance {
+            rms_rel: 0.0,
+            max_rel: 0.0,
+            outlier_frac: 0.0,
+            replay_rms_rel: 0.0,
+        }
+    }
 }
 
 /// Outcome of one check.

@@ -53,12 +53,7 @@ impl Family for ActConvert {
         Contract::Bitexact
     }
     fn default_tolerance(&self, _d: &Defines, _p: &Problem) -> Tolerance {
-        Tolerance {
-            rms_rel: 0.0,
-            max_rel: 0.0,
-            outlier_frac: 0.0,
-            replay_rms_rel: 0.0,
-        }
+        Tolerance::bitexact()
     }
     fn validate(
         &self,

@@ -32,12 +32,7 @@ impl Family for QuantizeQ81 {
         Contract::Bitexact
     }
     fn default_tolerance(&self, _d: &Defines, _p: &Problem) -> Tolerance {
-        Tolerance {
-            rms_rel: 0.0,
-            max_rel: 0.0,
-            outlier_frac: 0.0,
-            replay_rms_rel: 0.0,
-        }
+        Tolerance::bitexact()
     }
     /// Quantizes x[m][k] (the problem's n is ignored); k must be a multiple of 32.
     fn validate(

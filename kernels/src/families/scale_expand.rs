@@ -6,7 +6,7 @@
 //! kernels/cuda/scale_expand.cu.
 
 use super::{mmq, seeded_inputs};
-use crate::defines::{defines, int_in, int_range, Defines};
+use crate::defines::{defines, int_in, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, Module};
 use crate::kernel_family::Family;
@@ -91,12 +91,7 @@ impl Family for ScaleExpand {
         Contract::Bitexact
     }
     fn default_tolerance(&self, _d: &Defines, _p: &Problem) -> Tolerance {
-        Tolerance {
-            rms_rel: 0.0,
-            max_rel: 0.0,
-            outlier_frac: 0.0,
-            replay_rms_rel: 0.0,
-        }
+        Tolerance::bitexact()
     }
     /// The problem is the matrix `[n][k]` (its `m` is not read: the
     /// expansion does not depend on the rows of the GEMM that follows).
@@ -104,14 +99,11 @@ impl Family for ScaleExpand {
         &self,
         d: &Defines,
         p: &Problem,
-        lim: &DeviceLimits,
+        _lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
         wtype_of(d, p)?;
-        let threads = int_range(d, "THREADS", 32, lim.max_threads_per_block as i64)?;
-        if threads % 32 != 0 {
-            return Err(format!("THREADS={threads} is not a multiple of 32"));
-        }
+        let threads = super::rows_common::threads(d)?;
         let groups = (mp.n as u64) * (mp.k as u64 / 32);
         // ALGO 0: a thread per group; 1: a thread per 8 groups.
         let units = match int_in(d, "ALGO", &[0, 1])? {
