@@ -569,7 +569,8 @@ fn separate_gate_and_up_stacks_load_and_match_the_fused_layout() {
 
 #[test]
 fn the_cuda_plan_refuses_a_moe_model_with_a_typed_error() {
-    use gemtune_engine::cuda::forward_plan::{ForwardPlan, ModelDims, Sizing};
+    use gemtune_engine::cuda::forward_plan::{ForwardPlan, Sizing};
+    use gemtune_engine::cuda::model_dims::ModelDims;
     use gemtune_engine::cuda::{PlanError, Planner};
     use gemtune_engine::profile::Profile;
     use gemtune_kernels::family::{DeviceLimits, KvType};

@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use gemtune_engine::cuda::forward_plan::{ForwardPlan, ModelDims, PlannedLaunch, Sizing};
+use gemtune_engine::cuda::forward_plan::{ForwardPlan, PlannedLaunch, Sizing};
+
+use gemtune_engine::cuda::model_dims::ModelDims;
 use gemtune_engine::cuda::slots::Slot;
 use gemtune_engine::cuda::{Planner, BUILTIN_TUNED, DEFAULT_UBATCH};
 use gemtune_engine::profile::{Profile, BUILTIN};

@@ -8,7 +8,8 @@
 //! No GPU: plans are resolved for sm_90.
 
 use gemtune_engine::config::{AttnKind, Gemma4Config};
-use gemtune_engine::cuda::forward_plan::{ForwardPlan, MatmulExec, MatmulPlan, ModelDims, Sizing};
+use gemtune_engine::cuda::forward_plan::{ForwardPlan, MatmulExec, MatmulPlan, Sizing};
+use gemtune_engine::cuda::model_dims::ModelDims;
 use gemtune_engine::cuda::{step_reads, Planner};
 use gemtune_engine::engine::Engine;
 use gemtune_engine::plan::{tensor_plan, TensorRole};

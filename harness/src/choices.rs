@@ -13,7 +13,9 @@
 //! what the CUDA kernels run at all; the CPU engine runs it anyway, so the
 //! check then refuses nothing.
 
-use gemtune_engine::cuda::forward_plan::{ForwardPlan, ModelDims, Sizing};
+use gemtune_engine::cuda::forward_plan::{ForwardPlan, Sizing};
+
+use gemtune_engine::cuda::model_dims::ModelDims;
 use gemtune_engine::cuda::{PlanError, Planner};
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;

@@ -12,10 +12,9 @@ use gemtune_kernels::gpu::{Gpu, GpuError};
 use gemtune_kernels::runtime::{Graph, Kernel, KernelCache, PinnedBuf};
 
 use super::buffers::{self, Buffers, Scratch};
-use super::forward_plan::{
-    attn_scratch_bytes, BucketPlan, ForwardPlan, LoadedKernels, ModelDims, Sizing,
-};
+use super::forward_plan::{attn_scratch_bytes, BucketPlan, ForwardPlan, LoadedKernels, Sizing};
 use super::kv_cache::KvCache;
+use super::model_dims::ModelDims;
 use super::phases::Phases;
 use super::planner::{Decision, PlanError, Planner};
 use super::weights::{self, DeviceWeights};
@@ -180,7 +179,7 @@ impl<'m> CudaEngine<'m> {
             scales: super::forward_plan::scale_scratch_bytes(&plan),
         };
         refuse_lossy(&planner.profile, &dims)?;
-        let need = super::forward_plan::model_bytes(&dims, &plan.layouts)
+        let need = super::model_dims::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
             + DRIVER_MARGIN;
@@ -399,7 +398,7 @@ pub fn weight_plan(
     };
     let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing).map_err(plan_err)?;
     Ok(WeightPlan {
-        device_bytes: super::forward_plan::model_bytes(&dims, &plan.layouts),
+        device_bytes: super::model_dims::model_bytes(&dims, &plan.layouts),
         file_bytes: dims.file_bytes,
         converted: dims.converted,
     })

@@ -6,6 +6,8 @@
 //! - `planner`: profile + tuned table + device limits -> the variant of a
 //!   slot at a problem (no GPU work);
 //! - `weights`: the device copy of a model in the layouts the plan reads;
+//! - `model_dims`: the model's matrix shapes and device types, and the
+//!   device bytes of its weights in a plan's layouts (no GPU);
 //! - `forward_plan`: every launch of the forward pass per row bucket,
 //!   resolved at load (`ForwardPlan`), and loaded once;
 //! - `step_reads`: what a decode step of the plan reads (bench's floor);
@@ -27,6 +29,7 @@ mod engine;
 mod forward;
 pub mod forward_plan;
 mod kv_cache;
+pub mod model_dims;
 mod phases;
 pub mod planner;
 pub mod slots;

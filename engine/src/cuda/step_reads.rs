@@ -9,7 +9,8 @@
 use gemtune_kernels::bind::matmul::WeightLayout;
 use gemtune_kernels::family::WType;
 
-use super::forward_plan::{ForwardPlan, MatDim, MatmulExec, MatmulPlan, ModelDims};
+use super::forward_plan::{ForwardPlan, MatmulExec, MatmulPlan};
+use super::model_dims::{MatDim, ModelDims};
 use super::weights::{planned_bytes, Layouts};
 use crate::config::Gemma4Config;
 use crate::step_bytes::{vector_bytes, StepReads};

@@ -24,11 +24,11 @@
 //!   stay in their GGUF bytes. The tied head reads `token_embd`'s own Q6_K
 //!   super-blocks, the embed kernel's copy (no second one), when the
 //!   profile's `gemv.head` slot resolves to the Q6_K GEMV on GGUF blocks at
-//!   every row count (`forward_plan::head_type`); otherwise it reads its own
+//!   every row count (`model_dims::head_type`); otherwise it reads its own
 //!   planes of the planned head type (`head_copy_type`: the table's device
 //!   type, or the type a profile's `head_convert` asks for).
 //! - `upload` puts a whole model on the device in the layouts the forward
-//!   plan reads (`ProjLayouts`); `forward_plan::model_bytes` is the same
+//!   plan reads (`ProjLayouts`); `model_dims::model_bytes` is the same
 //!   sum computed from the model's shapes before any allocation (the fit
 //!   check), and `planned_bytes` equals `HostCopies::bytes` of every
 //!   matrix.
@@ -298,7 +298,7 @@ pub struct ProjLayouts {
     /// The tied head reads `token_embd`'s GGUF bytes, the embedding
     /// table's device copy: no copy of its own.
     pub head_native: bool,
-    /// The type the head's own copy is read as (`forward_plan::head_type`,
+    /// The type the head's own copy is read as (`model_dims::head_type`,
     /// which a profile's `head_convert` may set apart from the file's);
     /// `None`: `device_type` of the table's file type.
     pub head_type: Option<WType>,
