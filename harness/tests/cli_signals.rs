@@ -247,6 +247,15 @@ fn tune_on_sigterm_writes_what_it_measured() {
         .args([
             "tune",
             "gemv",
+            // One shape and token count: a few dozen cells, so the first
+            // timings come after seconds of checking, not after the spec's
+            // thousands of default cells, and cells are left when it stops.
+            "--shapes",
+            "decode.toml",
+            "--shape",
+            "e4b.ffn_up",
+            "--tokens",
+            "1",
             "--regime",
             "dram",
             "--no-reference",

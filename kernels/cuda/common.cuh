@@ -64,6 +64,9 @@ DEVI float i2f_magic(int c) {
 }
 
 // ---- integer dot products --------------------------------------------------
+// Asks for the line holding p to be brought into L2 (no register, no wait).
+DEVI void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 DEVI int dp4a(int a, int b, int c) {
     int d;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));

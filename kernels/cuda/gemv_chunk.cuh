@@ -13,6 +13,24 @@
 #include "kquant.cuh"
 
 
+// Where element e of one token's f32 activation row sits, and how four of
+// them are read. By default the row is the caller's global array, read
+// through the read-only cache. An includer that stages the row in shared
+// memory (gemv.cu with XSMEM=1) defines GEMV_XPAD first: every 32-element
+// group is then followed by 4 floats of padding, so the lanes of a warp,
+// each on its own group, read 16-byte pieces 144 bytes apart, which fall
+// in distinct banks (without the padding they would be 128 bytes apart,
+// every lane in the same banks). A chunk reads only inside the 32-element
+// group its first element e lies in, so XPOS(e) + off addresses element
+// e + off for every offset a chunk uses.
+#ifdef GEMV_XPAD
+#define XPOS(e) ((((e) >> 5) * 36) + ((e) & 31))
+#define XLD4(p) (*reinterpret_cast<const float4*>(p))
+#else
+#define XPOS(e) (e)
+#define XLD4(p) __ldg(reinterpret_cast<const float4*>(p))
+#endif
+
 // KQ: a k-quant read from its planes (nibbles + side records).
 #define KQ (IS_KQUANT(WTYPE) && LAYOUT == 1)
 #define W16 IS_W16(WTYPE)
@@ -157,7 +175,7 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const float4 xv = XLD4(xr + XPOS(e) + 4 * i);
         const u32 a = ch.w[2 * i], b = ch.w[2 * i + 1];
 #if WTYPE == F16
         s = fmaf(h2f((u16)(a & 0xffffu)), xv.x, s);
@@ -186,8 +204,8 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     float s = 0.f;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        const float4 xl = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * t));
-        const float4 xh = __ldg(reinterpret_cast<const float4*>(xr + e + 16 + 4 * t));
+        const float4 xl = XLD4(xr + XPOS(e) + 4 * t);
+        const float4 xh = XLD4(xr + XPOS(e) + 16 + 4 * t);
         const u32 lo = kq_lo(ch.w[t], h, t), hi = kq_hi(ch.w[t], h, t);
         const float xls[4] = {xl.x, xl.y, xl.z, xl.w};
         const float xhs[4] = {xh.x, xh.y, xh.z, xh.w};
@@ -212,7 +230,7 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     float s[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < CWORDS; ++i) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const float4 xv = XLD4(xr + XPOS(e) + 4 * i);
         const u32 w = ch.w[i];
         s[i / 4] = fmaf(q6f(w, 0), xv.x, s[i / 4]);
         s[i / 4] = fmaf(q6f(w, 1), xv.y, s[i / 4]);
@@ -228,7 +246,7 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
 #if WTYPE == Q8_0
 #pragma unroll
     for (int i = 0; i < CWORDS; ++i) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
+        const float4 xv = XLD4(xr + XPOS(e) + 4 * i);
         const u32 w = ch.w[i];
         s = fmaf((float)(i8)(w & 0xff), xv.x, s);
         s = fmaf((float)(i8)((w >> 8) & 0xff), xv.y, s);
@@ -238,8 +256,8 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
 #else
 #pragma unroll
     for (int i = 0; i < CWORDS; ++i) {
-        const float4 xl = __ldg(reinterpret_cast<const float4*>(xr + e + 4 * i));
-        const float4 xh = __ldg(reinterpret_cast<const float4*>(xr + e + 16 + 4 * i));
+        const float4 xl = XLD4(xr + XPOS(e) + 4 * i);
+        const float4 xh = XLD4(xr + XPOS(e) + 16 + 4 * i);
         const u32 w = ch.w[i];
         s = fmaf((float)((int)(w & 0xf) - 8), xl.x, s);
         s = fmaf((float)((int)((w >> 8) & 0xf) - 8), xl.y, s);
@@ -254,6 +272,106 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     return ch.d * s;
 }
 #endif
+#elif ALGO == 2
+// One 32-element group of one token's activations split in two int8
+// planes: x_i ~ d1 * q1_i + d2 * q2_i, q2 the Q8_1 quantization of the
+// residual x_i - d1 * q1_i (gemv.cu, ALGO 2). s1, s2 are the exact sums of
+// q1 and q2. 80 bytes, so the lanes of a warp, one group each, read
+// 16-byte pieces that fall in distinct banks.
+struct XSplit {
+    int4 q1[2];
+    int4 q2[2];
+    float d1, d2;
+    int s1, s2;
+};
+
+// Groups of split_rows in flight per warp: their loads are issued before
+// any of their math, so a warp waits for L2 once per GEMV_SPLIT_BATCH
+// groups.
+#define GEMV_SPLIT_BATCH 8
+
+// Writes the split of x[nt][k] (k a multiple of 32) into out[nt * k/32]:
+// a warp per group, a lane per element, the groups strided over the
+// block's warps. Per group: d1 = amax / 127 (IEEE division), q1 =
+// rint(v * rcp(d1)) (rcp rounded to nearest, 0 when d1 = 0), the residual
+// r = v - d1 * q1 in one fma, then d2, q2 of r the same way. The CPU
+// replay (families::split_q8_replay) rounds each step alike.
+// __reduce_*_sync (sm_80+) take the max of |v| (non-negative floats order
+// as their bits) and the integer sums in one instruction each.
+DEVI void split_rows(const float* __restrict__ x, XSplit* out, int nt, int k) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    const int groups = nt * (k / 32);
+    for (int g0 = warp; g0 < groups; g0 += nw * GEMV_SPLIT_BATCH) {
+        float v[GEMV_SPLIT_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_SPLIT_BATCH; ++b) {
+            const int g = g0 + b * nw;
+            v[b] = g < groups ? __ldg(x + (u64)g * 32 + lane) : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < GEMV_SPLIT_BATCH; ++b) {
+            const int g = g0 + b * nw;  // the same on every lane of the warp
+            if (g >= groups) break;
+            const float a1 = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v[b]))));
+            const float d1 = __fdiv_rn(a1, 127.0f);
+            const int q1 = d1 != 0.0f ? __float2int_rn(v[b] * __frcp_rn(d1)) : 0;
+            const float r = fmaf(-d1, (float)q1, v[b]);
+            const float a2 = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(r))));
+            const float d2 = __fdiv_rn(a2, 127.0f);
+            const int q2 = d2 != 0.0f ? __float2int_rn(r * __frcp_rn(d2)) : 0;
+            const int s1 = __reduce_add_sync(0xffffffffu, q1);
+            const int s2 = __reduce_add_sync(0xffffffffu, q2);
+            XSplit& o = out[g];
+            reinterpret_cast<i8*>(o.q1)[lane] = (i8)q1;
+            reinterpret_cast<i8*>(o.q2)[lane] = (i8)q2;
+            if (lane == 0) {
+                o.d1 = d1;
+                o.d2 = d2;
+                o.s1 = s1;
+                o.s2 = s2;
+            }
+        }
+    }
+}
+
+// The chunk's (one k-quant group's) dot with one token's split group a:
+// sum_i x_i w_i with x_i = d1 q1_i + d2 q2_i, two integer dots per word.
+// Q4_K / Q5_K: d*sc * (d1 dot1 + d2 dot2) - dmin*m * (d1 s1 + d2 s2);
+// Q6_K: per 16-element half, d*scale * (d1 dot1 + d2 dot2) over q - 32.
+DEVI float chunk_dot_split(const Chunk& ch, const XSplit& a) {
+#if WTYPE == Q4_K
+    const u32* h = nullptr;
+#else
+    const u32* h = ch.h;
+#endif
+    const int4 a1l = a.q1[0], a1h = a.q1[1], a2l = a.q2[0], a2h = a.q2[1];
+    const int x1l[4] = {a1l.x, a1l.y, a1l.z, a1l.w}, x1h[4] = {a1h.x, a1h.y, a1h.z, a1h.w};
+    const int x2l[4] = {a2l.x, a2l.y, a2l.z, a2l.w}, x2h[4] = {a2h.x, a2h.y, a2h.z, a2h.w};
+#if WTYPE == Q6_K
+    int l1 = 0, l2 = 0, h1 = 0, h2 = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const int lo = (int)kq_s6(kq_lo(ch.w[t], h, t)), hi = (int)kq_s6(kq_hi(ch.w[t], h, t));
+        l1 = dp4a(lo, x1l[t], l1);
+        l2 = dp4a(lo, x2l[t], l2);
+        h1 = dp4a(hi, x1h[t], h1);
+        h2 = dp4a(hi, x2h[t], h2);
+    }
+    return fmaf(ch.d, fmaf(a.d1, (float)l1, a.d2 * (float)l2), ch.d2 * fmaf(a.d1, (float)h1, a.d2 * (float)h2));
+#else
+    int dot1 = 0, dot2 = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const int lo = (int)kq_lo(ch.w[t], h, t), hi = (int)kq_hi(ch.w[t], h, t);
+        dot1 = dp4a(lo, x1l[t], dot1);
+        dot1 = dp4a(hi, x1h[t], dot1);
+        dot2 = dp4a(lo, x2l[t], dot2);
+        dot2 = dp4a(hi, x2h[t], dot2);
+    }
+    const float sx = fmaf(a.d1, (float)a.s1, a.d2 * (float)a.s2);
+    return fmaf(ch.d, fmaf(a.d1, (float)dot1, a.d2 * (float)dot2), -ch.d2 * sx);
+#endif
+}
 #else
 // Integer dot of the chunk with the Q8_1 activations of one token, scaled.
 DEVI float chunk_dot_q8(const Chunk& ch, const i8* __restrict__ xqr, const float2* __restrict__ xdsr, int e) {

@@ -1,11 +1,12 @@
-//! `gemv`: decode matmul (1..8 tokens), Q8_0/Q4_0 weights, f32 or Q8_1
-//! activations, optional gate+up+GELU fusion; Q6_K weights (the tied LM
-//! head of Q4_0 files) as GGUF super-blocks with f32 activations. See
-//! kernels/cuda/gemv.cu.
+//! `gemv`: decode matmul (1..8 tokens) over every matmul weight type, with
+//! f32 activations (optionally staged in padded shared memory, XSMEM=1),
+//! Q8_1 activations (dp4a), or, for the k-quants, split Q8 activations that
+//! each block makes from the f32 rows (ALGO 2); optional gate+up+GELU
+//! fusion. See kernels/cuda/gemv.cu.
 
 use super::{
-    ds_words, gelu_tanh_f64, matmul_f64, matmul_q8_replay, memo, q8_1_replay, seeded_inputs,
-    MatmulWorkload, QWeights,
+    ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
+    seeded_inputs, split_q8_replay, MatmulWorkload, QWeights,
 };
 use crate::bind::matmul::MatmulBinding;
 use crate::bind::{Act, ActFormat};
@@ -25,6 +26,47 @@ pub struct Gemv;
 pub(crate) fn fp_rms_bound(k: usize) -> f64 {
     4.0 * (k as f64).sqrt() * f64::powi(2.0, -24) + 1e-6
 }
+
+/// Dynamic shared memory of the XSMEM=1 form at `m` tokens: the f32 rows
+/// with 4 floats of padding after every 32-element group (gemv.cu), which
+/// must fit one block beside the KSPLIT reduction's few static bytes.
+fn xsmem_bytes(algo: i64, m: usize, k: usize, lim: &DeviceLimits) -> Result<u32, String> {
+    if algo != 0 {
+        return Err("XSMEM=1 stages f32 activations: it needs ALGO=0".into());
+    }
+    if k % 32 != 0 {
+        return Err(format!(
+            "k={k} is not a multiple of 32: XSMEM=1 pads the staged rows per 32-element group"
+        ));
+    }
+    let bytes = m * (k / 32) * 36 * 4;
+    // The KSPLIT partial sums take at most 32 warps x 2 x 8 x 8 floats.
+    let room = (lim.max_smem_per_block as usize).saturating_sub(16 << 10);
+    if bytes > room {
+        return Err(format!(
+            "XSMEM=1 stages {bytes} bytes of activations ({m} x {k} f32 and padding), over the {room} a block may use here ({}); XSMEM=0 reads them from global memory",
+            lim.arch
+        ));
+    }
+    Ok(bytes as u32)
+}
+
+/// Dynamic shared memory of ALGO 2 at `m` tokens: one 80-byte split
+/// record (`XSplit` in gemv_chunk.cuh) per 32-element group and token.
+fn split_bytes(m: usize, k: usize, lim: &DeviceLimits) -> Result<u32, String> {
+    let bytes = m * (k / 32) * SPLIT_RECORD;
+    let room = (lim.max_smem_per_block as usize).saturating_sub(16 << 10);
+    if bytes > room {
+        return Err(format!(
+            "ALGO=2 stages {bytes} bytes of split activations ({m} x {k}), over the {room} a block may use here ({})",
+            lim.arch
+        ));
+    }
+    Ok(bytes as u32)
+}
+
+/// Bytes of one group's split activations in shared memory (gemv ALGO 2).
+const SPLIT_RECORD: usize = 80;
 
 impl Family for Gemv {
     fn name(&self) -> &'static str {
@@ -53,13 +95,14 @@ impl Family for Gemv {
             ("FUSE", 0),
             ("KSPLIT", 1),
             ("UNROLL", 1),
+            ("XSMEM", 0),
         ]);
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
         match d.get("ALGO") {
-            Some(DefineValue::Int(1)) => Contract::Approx,
+            Some(DefineValue::Int(1 | 2)) => Contract::Approx,
             _ => Contract::Fp,
         }
     }
@@ -67,6 +110,19 @@ impl Family for Gemv {
         let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
         let fp = fp_rms_bound(k);
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1)));
+        if matches!(d.get("ALGO"), Some(DefineValue::Int(2))) {
+            // The split's residual noise: about 1e-5 of the activations'
+            // RMS per element (scale under amax / 127 / 254), so the dot
+            // products carry about that relative error; gelu's slope near 0
+            // amplifies it in the fused form, as for ALGO 1.
+            let scale = if fused { 3.0 } else { 1.0 };
+            return Tolerance {
+                rms_rel: 1e-4 * scale,
+                max_rel: 2e-3 * scale,
+                outlier_frac: 1e-3,
+                replay_rms_rel: fp,
+            };
+        }
         match self.contract(d) {
             // Q8_1 rounding of uniform activations: ~0.4% RMS, independent of
             // k; gelu(g)*u combines two such errors and gelu's slope near 0
@@ -94,7 +150,7 @@ impl Family for Gemv {
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
         let wt = check_wtype(d, mp)?;
-        let algo = int_in(d, "ALGO", &[0, 1])?;
+        let algo = int_in(d, "ALGO", &[0, 1, 2])?;
         let layout = int_in(d, "LAYOUT", &[0, 1])?;
         let fuse = int_in(d, "FUSE", &[0, 1])?;
         match wt {
@@ -136,6 +192,12 @@ impl Family for Gemv {
             }
             _ => {}
         }
+        if algo == 2 && !(matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K) && layout == 1) {
+            return Err(format!(
+                "ALGO=2 (split Q8 activations) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1), not {} with LAYOUT={layout}",
+                wt.define()
+            ));
+        }
         let rows = int_range(d, "ROWS", 1, 8)?;
         let warps = int_range(d, "WARPS", 1, 32)?;
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
@@ -164,12 +226,25 @@ impl Family for Gemv {
                 lim.max_threads_per_block
             ));
         }
+        let xsmem = int_in(d, "XSMEM", &[0, 1])? == 1;
+        let dyn_smem = if algo == 2 {
+            if xsmem {
+                return Err(
+                    "ALGO=2 stages its own split activations: XSMEM=1 applies to ALGO=0".into(),
+                );
+            }
+            split_bytes(mp.m, mp.k, lim)?
+        } else if xsmem {
+            xsmem_bytes(algo, mp.m, mp.k, lim)?
+        } else {
+            0
+        };
         let per_block = (warps / ksplit * rows) as usize;
         Ok(LaunchGeometry {
             kernel: format!("gemv_n{}", mp.m),
             grid: (mp.n.div_ceil(per_block) as u32, 1, 1),
             block: (threads as u32, 1, 1),
-            dyn_smem: 0,
+            dyn_smem,
         })
     }
     fn workload(
@@ -204,7 +279,7 @@ impl Family for Gemv {
         }
         let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
         let (q, ds) = q8_1_replay(x);
-        let (acts, act_bytes) = if algo == 0 {
+        let (acts, act_bytes) = if algo != 1 {
             (vec![gpu.upload(x)?], (m * k * 4) as u64)
         } else {
             let bytes = (q.len() + ds.len() * 8) as u64;
@@ -232,17 +307,27 @@ impl Family for Gemv {
                     .collect();
                 combine(&refs)
             });
-            let replay = (algo == 1).then(|| {
-                let rp = memo::get(format!("{key} replay q8_1"), || {
+            let replay = match algo {
+                1 => Some(memo::get(format!("{key} replay q8_1"), || {
                     let rp: Vec<Vec<f64>> = inp
                         .w
                         .iter()
                         .map(|w| matmul_q8_replay(&w.deq, &q, &ds, m, n, k))
                         .collect();
                     combine(&rp)
-                });
-                (*rp).clone()
-            });
+                })),
+                2 => Some(memo::get(format!("{key} replay split"), || {
+                    let xs = split_q8_replay(&inp.x);
+                    let rp: Vec<Vec<f64>> = inp
+                        .w
+                        .iter()
+                        .map(|w| matmul_f64_x(&w.deq, &xs, m, n, k))
+                        .collect();
+                    combine(&rp)
+                })),
+                _ => None,
+            }
+            .map(|rp| (*rp).clone());
             ((*r).clone(), replay)
         });
         let y = gpu.alloc(m * n * 4)?;
@@ -477,6 +562,102 @@ mod tests {
                 .expect_err("k % 8");
             assert!(e.contains("not a multiple of 8"), "{e}");
         }
+    }
+
+    /// The split of ALGO 2 carries each activation to within half a step
+    /// of the residual's scale: |x - (d1 q1 + d2 q2)| <= d2 / 2 with
+    /// d2 <= amax / 127 / 2 (+ rounding), i.e. about amax / 2^15.
+    #[test]
+    fn split_activations_carry_about_fifteen_bits() {
+        let mut rng = super::super::rng_for("gemv-split", &[64], 3);
+        let mut x = super::super::random_matrix(&mut rng, 4, 256);
+        x[5] = 0.0;
+        x[32..64].iter_mut().for_each(|v| *v = 0.0);
+        let xs = crate::families::split_q8_replay(&x);
+        for (g, (blk, hat)) in x.chunks(32).zip(xs.chunks(32)).enumerate() {
+            let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+            for (&v, &h) in blk.iter().zip(hat) {
+                let err = (v as f64 - h).abs();
+                assert!(
+                    err <= amax / 127.0 / 254.0 * 1.01 + 1e-30,
+                    "group {g}: {v} -> {h}, error {err:e} over amax {amax:e}"
+                );
+            }
+        }
+        assert!(
+            xs[32..64].iter().all(|&h| h == 0.0),
+            "an all-zero group stays zero"
+        );
+    }
+
+    #[test]
+    fn split_activations_read_kquant_planes_only() {
+        let f = Gemv;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let mut d = f.default_defines(ty);
+            d.insert("ALGO".into(), DefineValue::Int(2));
+            d.insert("LAYOUT".into(), DefineValue::Int(1));
+            assert_eq!(f.contract(&d), Contract::Approx);
+            let g = f
+                .validate(&d, &Problem::matmul(8, 100, 2560, ty), &lim)
+                .expect("k-quant planes");
+            assert_eq!(g.dyn_smem, 8 * 80 * 80);
+            let b = MatmulBinding::of("gemv", &d).expect("bind");
+            assert_eq!(b.act, ActFormat::F32, "the kernel splits f32 rows itself");
+            d.insert("XSMEM".into(), DefineValue::Int(1));
+            let e = f
+                .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
+                .expect_err("XSMEM is ALGO 0's");
+            assert!(e.contains("XSMEM=1 applies to ALGO=0"), "{e}");
+        }
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
+            let mut d = f.default_defines(ty);
+            d.insert("ALGO".into(), DefineValue::Int(2));
+            d.insert("LAYOUT".into(), DefineValue::Int(1));
+            let e = f
+                .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
+                .expect_err("not a k-quant");
+            assert!(
+                e.contains("k-quant planes") || e.contains("need ALGO=0"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn staged_activations_size_their_shared_memory() {
+        let f = Gemv;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let mut d = f.default_defines(GgmlType::Q4K);
+        d.insert("ALGO".into(), DefineValue::Int(0));
+        d.insert("XSMEM".into(), DefineValue::Int(1));
+        // 36 floats per 32-element group and token.
+        let g = f
+            .validate(&d, &Problem::matmul(2, 5376, 21504, GgmlType::Q4K), &lim)
+            .expect("two 31B ffn_down rows fit");
+        assert_eq!(g.dyn_smem, 2 * 21504 / 32 * 36 * 4);
+        let e = f
+            .validate(&d, &Problem::matmul(3, 5376, 21504, GgmlType::Q4K), &lim)
+            .expect_err("three rows do not");
+        assert!(e.contains("XSMEM=0 reads them from global memory"), "{e}");
+        let mut dp = d.clone();
+        dp.insert("ALGO".into(), DefineValue::Int(1));
+        let e = f
+            .validate(&dp, &Problem::matmul(1, 64, 2560, GgmlType::Q4K), &lim)
+            .expect_err("dp4a reads Q8_1");
+        assert!(e.contains("needs ALGO=0"), "{e}");
+        let mut h = f.default_defines(GgmlType::F16);
+        h.insert("XSMEM".into(), DefineValue::Int(1));
+        let e = f
+            .validate(&h, &Problem::matmul(1, 64, 2568, GgmlType::F16), &lim)
+            .expect_err("k % 32");
+        assert!(e.contains("not a multiple of 32"), "{e}");
+        d.insert("XSMEM".into(), DefineValue::Int(0));
+        let g = f
+            .validate(&d, &Problem::matmul(8, 5376, 21504, GgmlType::Q4K), &lim)
+            .expect("global activations");
+        assert_eq!(g.dyn_smem, 0);
     }
 
     /// The CPU form of kquant.cuh's decode, word for word: the 16-byte side

@@ -277,6 +277,50 @@ pub(crate) fn matmul_f64(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> 
     out.into_iter().map(f64::from).collect()
 }
 
+/// The split Q8 activations of gemv ALGO 2, as the kernel rounds them
+/// (`split_rows` in gemv_chunk.cuh): per 32-element group, d1 = amax / 127,
+/// q1 = rint(x * (1 / d1)) (ties to even, each f32 op rounded once), the
+/// residual `x - d1 * q1` in one fused rounding, and q2 of it the same way;
+/// each element's value `d1 * q1 + d2 * q2` in f64 (the kernel scales the
+/// integer dots, so the two parts are never added in f32). `x.len()` must
+/// be whole groups.
+pub(crate) fn split_q8_replay(x: &[f32]) -> Vec<f64> {
+    let q8 = |v: f32, d: f32| {
+        if d != 0.0 {
+            (v * (1.0f32 / d)).round_ties_even()
+        } else {
+            0.0
+        }
+    };
+    let mut out = Vec::with_capacity(x.len());
+    for blk in x.chunks_exact(32) {
+        let d1 = blk.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0f32;
+        let r: Vec<f32> = blk.iter().map(|&v| (-d1).mul_add(q8(v, d1), v)).collect();
+        let d2 = r.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0f32;
+        for (&v, &rv) in blk.iter().zip(&r) {
+            out.push(d1 as f64 * q8(v, d1) as f64 + d2 as f64 * q8(rv, d2) as f64);
+        }
+    }
+    out
+}
+
+/// out[m][n] = sum_k x[m][k] * w[n][k] with f64 activations, in f64.
+pub(crate) fn matmul_f64_x(w: &[f32], x: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+    use rayon::prelude::*;
+    let mut out = vec![0f64; m * n];
+    out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        let xr = &x[i * k..(i + 1) * k];
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = w[j * k..(j + 1) * k]
+                .iter()
+                .zip(xr)
+                .map(|(&a, &b)| a as f64 * b)
+                .sum();
+        }
+    });
+    out
+}
+
 /// The Q8_1-activation replay: sum over blocks of d_w*d_a*(integer dot), in f64.
 pub(crate) fn matmul_q8_replay(
     wdeq: &[f32],
