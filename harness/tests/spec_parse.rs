@@ -283,19 +283,38 @@ fn rejected_points_are_listed_with_the_reason() {
     let cells = spec::plan(f, &pts, &shapes, &lim);
     let live = pts.iter().filter(|p| p.duplicate_of.is_none()).count();
     assert_eq!(cells.len(), live * 2, "every (point, shape) is in the plan");
-    let rejected: Vec<_> = cells.iter().filter(|c| c.outcome.is_err()).collect();
-    assert_eq!(
-        rejected.len(),
-        live,
-        "m = 9 is rejected for every gemv variant"
-    );
-    for c in rejected {
-        assert_eq!(shapes[c.shape].m, 9);
-        assert_eq!(
-            c.outcome.as_ref().unwrap_err(),
-            "gemv handles 1..8 tokens, not m=9"
-        );
+    // m = 9 is rejected for every gemv variant, for its token count; the
+    // variants that do not read Q8_0 at all (the k-quant split form) are
+    // rejected at both token counts, with that reason first.
+    let too_many = "gemv handles 1..8 tokens, not m=9";
+    let mut at9 = 0;
+    for c in &cells {
+        match (shapes[c.shape].m, &c.outcome) {
+            (9, outcome) => {
+                at9 += 1;
+                let e = outcome.as_ref().expect_err("m = 9 runs nowhere");
+                assert!(e == too_many || e.contains("k-quant planes"), "{e}");
+            }
+            (_, Err(e)) => {
+                assert_ne!(e, too_many);
+                assert!(e.contains("k-quant planes"), "{e}");
+            }
+            (_, Ok(_)) => {}
+        }
     }
+    assert_eq!(at9, live, "every live point is planned at m = 9");
+    // Every variant that runs at m = 1 is refused at m = 9 for the count.
+    let ok1 = cells
+        .iter()
+        .filter(|c| shapes[c.shape].m == 1 && c.outcome.is_ok())
+        .count();
+    let count9 = cells
+        .iter()
+        .filter(|c| shapes[c.shape].m == 9)
+        .filter(|c| c.outcome.as_ref().err().is_some_and(|e| e == too_many))
+        .count();
+    assert!(ok1 > 0, "the Q8_0 variants run at m = 1");
+    assert_eq!(count9, ok1);
 }
 
 #[test]
