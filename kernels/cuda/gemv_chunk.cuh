@@ -2,7 +2,8 @@
 // as the decode GEMVs read it: the chunk layouts of every weight type and
 // LAYOUT (gemv.cu's header describes them), the chunk load, and the chunk
 // dot products with f32 activations (ALGO 0: exactly dequantized weights,
-// fp32 FMA) or Q8_1 activations (ALGO 1: dp4a). Shared by gemv.cu and
+// fp32 FMA), Q8_1 activations (ALGO 1: dp4a) or split Q8 activations (ALGO
+// 2: two dp4a per word, and the split itself). Shared by gemv.cu and
 // moe_gemv.cu, which read the same bytes in the same way.
 //
 // Defines: (none of its own; uses the includer's WTYPE, LAYOUT and ALGO)
