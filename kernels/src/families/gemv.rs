@@ -28,8 +28,7 @@ pub(crate) fn fp_rms_bound(k: usize) -> f64 {
 }
 
 /// Dynamic shared memory of the XSMEM=1 form at `m` tokens: the f32 rows
-/// with 4 floats of padding after every 32-element group (gemv.cu), which
-/// must fit one block beside the KSPLIT reduction's few static bytes.
+/// with 4 floats of padding after every 32-element group (gemv.cu).
 fn xsmem_bytes(algo: i64, m: usize, k: usize, lim: &DeviceLimits) -> Result<u32, String> {
     if algo != 0 {
         return Err("XSMEM=1 stages f32 activations: it needs ALGO=0".into());
@@ -40,27 +39,33 @@ fn xsmem_bytes(algo: i64, m: usize, k: usize, lim: &DeviceLimits) -> Result<u32,
         ));
     }
     let bytes = m * (k / 32) * 36 * 4;
-    // The KSPLIT partial sums take at most 32 warps x 2 x 8 x 8 floats.
-    let room = (lim.max_smem_per_block as usize).saturating_sub(16 << 10);
-    if bytes > room {
-        return Err(format!(
+    staged_bytes(bytes, lim).map_err(|room| {
+        format!(
             "XSMEM=1 stages {bytes} bytes of activations ({m} x {k} f32 and padding), over the {room} a block may use here ({}); XSMEM=0 reads them from global memory",
             lim.arch
-        ));
-    }
-    Ok(bytes as u32)
+        )
+    })
 }
 
 /// Dynamic shared memory of ALGO 2 at `m` tokens: one 80-byte split
 /// record (`XSplit` in gemv_chunk.cuh) per 32-element group and token.
 fn split_bytes(m: usize, k: usize, lim: &DeviceLimits) -> Result<u32, String> {
     let bytes = m * (k / 32) * SPLIT_RECORD;
-    let room = (lim.max_smem_per_block as usize).saturating_sub(16 << 10);
-    if bytes > room {
-        return Err(format!(
+    staged_bytes(bytes, lim).map_err(|room| {
+        format!(
             "ALGO=2 stages {bytes} bytes of split activations ({m} x {k}), over the {room} a block may use here ({})",
             lim.arch
-        ));
+        )
+    })
+}
+
+/// `bytes` of activations staged per block, when they fit beside the
+/// KSPLIT reduction's static partial sums (at most 32 warps x 2 x 8 x 8
+/// floats); else the room there is, for the caller's message.
+fn staged_bytes(bytes: usize, lim: &DeviceLimits) -> Result<u32, usize> {
+    let room = (lim.max_smem_per_block as usize).saturating_sub(16 << 10);
+    if bytes > room {
+        return Err(room);
     }
     Ok(bytes as u32)
 }
