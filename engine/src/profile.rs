@@ -356,6 +356,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "q6k-head",
         include_str!("../../variants/profiles/q6k-head.toml"),
     ),
+    (
+        "kq-split",
+        include_str!("../../variants/profiles/kq-split.toml"),
+    ),
 ];
 
 fn slot_group(slot: &str) -> &str {

@@ -47,7 +47,7 @@ impl From<KvTypeArg> for KvType {
 /// The CUDA engine's flags (the CPU engine ignores all but `ubatch`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct CudaArgs {
-    /// Kernel profile: a name in variants/profiles/ (main, flash-swa, attn-mma, decode-km, strict, cublas, mma-sync, dp4a, mmq, q6k-head) or a path to a .toml.
+    /// Kernel profile: a name in variants/profiles/ (main, flash-swa, attn-mma, decode-km, strict, cublas, mma-sync, dp4a, mmq, q6k-head, kq-split) or a path to a .toml.
     #[arg(long, default_value = "main")]
     pub profile: String,
     /// K/V cache type (default: the profile's, else f16).

@@ -5,14 +5,16 @@
 //   F32      f32, row-major;
 //   Q8_1     int8 quants plus per-32 (d, sum) pairs: quantize_q8_1.cu's rule
 //            (d = amax/127 with IEEE division, q = roundf(x/d));
+//   Q8_SPLIT one 80-byte split record per 32 values (q8_split.cuh: two int8
+//            planes, x ~ d1 q1 + d2 q2, about 15 bits), read by gemv ALGO 3;
 //   DQ_F16   16-bit values, k order permuted inside every group of 16 as
 //   DQ_BF16  dq_convert.cuh lays it out (actual pair q at stored pair
 //            (q >> 1) + 4 * (q & 1)).
 // `act_write4` stores four consecutive values starting at flat element e
-// (e % 4 == 0). For Q8_1 the 8 lanes e..e+31 of one 32-block must call it
-// together (lanes of an aligned group of 8 in one warp, all 32 lanes of the
-// warp calling it uniformly; `valid` = false lanes pass zeros and store
-// nothing).
+// (e % 4 == 0). For Q8_1 and Q8_SPLIT the 8 lanes e..e+31 of one 32-block
+// must call it together (lanes of an aligned group of 8 in one warp, all 32
+// lanes of the warp calling it uniformly; `valid` = false lanes pass zeros
+// and store nothing).
 //
 // Defines: (none of its own; uses the includer's OUT)
 
@@ -22,9 +24,12 @@
 #define Q8_1 102
 #define DQ_F16 103
 #define DQ_BF16 104
-#if OUT != F32 && OUT != Q8_1 && OUT != DQ_F16 && OUT != DQ_BF16
-#error "OUT must be F32, Q8_1, DQ_F16 or DQ_BF16"
+#define Q8_SPLIT 105
+#if OUT != F32 && OUT != Q8_1 && OUT != DQ_F16 && OUT != DQ_BF16 && OUT != Q8_SPLIT
+#error "OUT must be F32, Q8_1, DQ_F16, DQ_BF16 or Q8_SPLIT"
 #endif
+
+#include "q8_split.cuh"
 
 DEVI void act_write4(void* out, float2* out_ds, u64 e, float4 v, bool valid) {
 #if OUT == F32
@@ -49,6 +54,9 @@ DEVI void act_write4(void* out, float2* out_ds, u64 e, float4 v, bool valid) {
         *reinterpret_cast<u32*>(reinterpret_cast<i8*>(out) + e) = packed;
         if ((e & 31) == 0) out_ds[e / 32] = make_float2(d, (float)s);
     }
+#elif OUT == Q8_SPLIT
+    (void)out_ds;
+    split_write4(reinterpret_cast<XSplit*>(out) + e / 32, (int)(e & 31), v, valid);
 #else
     if (valid) {
         u32* w = reinterpret_cast<u32*>(out) + (e & ~(u64)15) / 2;

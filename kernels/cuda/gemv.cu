@@ -53,6 +53,11 @@
 //      carry about 15 bits instead of Q8_1's 8, while the weights keep
 //      dp4a's integer path (the FMA path dequantizes every weight to f32
 //      and is bound by that arithmetic at 4-6 bits per weight).
+//   3: the same split Q8 activations and dot products as ALGO 2, read as
+//      records that a producer wrote once per step (act_out.cuh or the
+//      quantize_q8_1 pre-pass with OUT=Q8_SPLIT): xq is XSplit[NT][k/32]
+//      (q8_split.cuh), xds unused. No per-block split, no shared memory: a
+//      lane reads its group's 80-byte record with five 16-byte loads.
 //   XSMEM=1 (ALGO 0): each block first copies the f32 rows x[NT][k] into
 //      shared memory, 4 floats of padding after every 32-element group
 //      (NT * k * 4.5 bytes of dynamic shared memory), and the chunks read
@@ -79,12 +84,14 @@
 // activation noise) and tight against the CPU replay of the Q8_1
 // activations. ALGO 2: approx with a tolerance two orders below ALGO 1's
 // (the split's residual noise, about 1e-5 of the activations' RMS), and
-// tight against the CPU replay of the split.
+// tight against the CPU replay of the split. ALGO 3: as ALGO 2 (the same
+// records, made by the producer).
 //
 // Defines:
 //   WTYPE   weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
 //   ALGO    0 = dequant + fp32 FMA on f32 activations, 1 = dp4a on Q8_1
-//           activations, 2 = dp4a on split Q8 activations made per block
+//           activations, 2 = dp4a on split Q8 activations made per block,
+//           3 = dp4a on split Q8 records written by the producer
 //   LAYOUT  0 = GGUF blocks (2-byte loads), 1 = aligned planes (16-byte loads)
 //   ROWS    rows per warp (1..8)
 //   WARPS   warps per block (1..32)
@@ -124,8 +131,8 @@
 #if XSMEM && ALGO != 0
 #error "XSMEM=1 stages f32 activations: it needs ALGO=0"
 #endif
-#if ALGO < 0 || ALGO > 2
-#error "ALGO must be 0, 1 or 2"
+#if ALGO < 0 || ALGO > 3
+#error "ALGO must be 0, 1, 2 or 3"
 #endif
 #if WARPS % KSPLIT != 0
 #error "KSPLIT must divide WARPS"
@@ -146,8 +153,8 @@
 #if IS_W16(WTYPE) && ALGO != 0
 #error "F16 / BF16 weights need ALGO=0"
 #endif
-#if ALGO == 2 && !(IS_KQUANT(WTYPE) && LAYOUT == 1)
-#error "ALGO=2 (split Q8 activations) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1)"
+#if (ALGO == 2 || ALGO == 3) && !(IS_KQUANT(WTYPE) && LAYOUT == 1)
+#error "ALGO=2 and ALGO=3 (split Q8 activations) read k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1)"
 #endif
 
 #if XSMEM
@@ -273,6 +280,9 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
     }
     split_rows(x, xsp, NT, k);
     __syncthreads();
+#elif ALGO == 3
+    // The producer's split records: token t, group g at xsp[t * (k/32) + g].
+    const XSplit* __restrict__ xsp = reinterpret_cast<const XSplit*>(xq);
 #endif
     (void)xa;
     (void)xstride;
@@ -315,6 +325,8 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                             acc[m][r][t] += chunk_dot(ch[u][m][r], xa + (u64)t * xstride, e);
 #elif ALGO == 2
                             acc[m][r][t] += chunk_dot_split(ch[u][m][r], xsp[t * (k / 32) + c]);
+#elif ALGO == 3
+                            acc[m][r][t] += chunk_dot_split(ch[u][m][r], split_load(xsp + t * (k / 32) + c));
 #else
                             acc[m][r][t] += chunk_dot_q8(ch[u][m][r], xq + (u64)t * k, xds + (u64)t * (k / 32), e);
 #endif

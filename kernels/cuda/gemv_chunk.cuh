@@ -3,8 +3,8 @@
 // LAYOUT (gemv.cu's header describes them), the chunk load, and the chunk
 // dot products with f32 activations (ALGO 0: exactly dequantized weights,
 // fp32 FMA), Q8_1 activations (ALGO 1: dp4a) or split Q8 activations (ALGO
-// 2: two dp4a per word, and the split itself). Shared by gemv.cu and
-// moe_gemv.cu, which read the same bytes in the same way.
+// 2 and 3: two dp4a per word; ALGO 2 also makes the split itself). Shared by
+// gemv.cu and moe_gemv.cu, which read the same bytes in the same way.
 //
 // Defines: (none of its own; uses the includer's WTYPE, LAYOUT and ALGO)
 
@@ -12,6 +12,7 @@
 
 #include "common.cuh"
 #include "kquant.cuh"
+#include "q8_split.cuh"
 
 
 // Where element e of one token's f32 activation row sits, and how four of
@@ -273,18 +274,9 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     return ch.d * s;
 }
 #endif
-#elif ALGO == 2
-// One 32-element group of one token's activations split in two int8
-// planes: x_i ~ d1 * q1_i + d2 * q2_i, q2 the Q8_1 quantization of the
-// residual x_i - d1 * q1_i (gemv.cu, ALGO 2). s1, s2 are the exact sums of
-// q1 and q2. 80 bytes, so the lanes of a warp, one group each, read
-// 16-byte pieces that fall in distinct banks.
-struct XSplit {
-    int4 q1[2];
-    int4 q2[2];
-    float d1, d2;
-    int s1, s2;
-};
+#elif ALGO == 2 || ALGO == 3
+// One 32-element group of one token's activations is an XSplit record
+// (q8_split.cuh): x_i ~ d1 * q1_i + d2 * q2_i.
 
 // Groups of split_rows in flight per warp: their loads are issued before
 // any of their math, so a warp waits for L2 once per GEMV_SPLIT_BATCH
@@ -293,10 +285,8 @@ struct XSplit {
 
 // Writes the split of x[nt][k] (k a multiple of 32) into out[nt * k/32]:
 // a warp per group, a lane per element, the groups strided over the
-// block's warps. Per group: d1 = amax / 127 (IEEE division), q1 =
-// rint(v * rcp(d1)) (rcp rounded to nearest, 0 when d1 = 0), the residual
-// r = v - d1 * q1 in one fma, then d2, q2 of r the same way. The CPU
-// replay (families::split_q8_replay) rounds each step alike.
+// block's warps, by q8_split.cuh's rule (the same records split_write4
+// writes four values per lane).
 // __reduce_*_sync (sm_80+) take the max of |v| (non-negative floats order
 // as their bits) and the integer sums in one instruction each.
 DEVI void split_rows(const float* __restrict__ x, XSplit* out, int nt, int k) {

@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 /// (file name, contents) of every embedded source.
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../cuda/common.cuh")),
+    ("q8_split.cuh", include_str!("../cuda/q8_split.cuh")),
     ("quantize_q8_1.cu", include_str!("../cuda/quantize_q8_1.cu")),
     ("kquant.cuh", include_str!("../cuda/kquant.cuh")),
     ("gemv_chunk.cuh", include_str!("../cuda/gemv_chunk.cuh")),

@@ -160,6 +160,8 @@ impl Sizes {
             tokens: f(rows),
             pos: f(4),
             x: f(rows * w.d),
+            // Any activation format's main plane: at most 4 bytes a value
+            // (f32; Q8_1 1, split Q8 records 2.5, DQ 2).
             act: f(rows * widest),
             act_scales: (rows * widest.div_ceil(32) * 8).max(1),
             act16: (rows * widest * 2).max(1),

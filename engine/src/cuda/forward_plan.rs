@@ -609,7 +609,7 @@ impl Builder<'_> {
                 launch: self.push(
                     Slot::QuantizeQ8_1,
                     Problem::matmul(m, 1, k, GgmlType::Q8_0),
-                    vec![],
+                    out_bound(binding.act),
                     GridRule::Rows,
                 )?,
             }),
@@ -1388,6 +1388,65 @@ mod tests {
                     assert!(bytes[0] < bytes[1], "{} {}: {bytes:?}", v.name(), w.name());
                 }
             }
+        }
+    }
+
+    /// `main` decodes the k-quant projections of a Q4_K_M file on split Q8
+    /// records that their inputs' producers write once per step: the
+    /// norms and gelu_mul with OUT=Q8_SPLIT, the quantize pre-pass with
+    /// OUT=Q8_SPLIT where attention writes f32. `kq-split` reads the f32
+    /// rows (each GEMV block splits them itself), with no pre-pass.
+    #[test]
+    fn kquant_decode_reads_split_records_written_once() {
+        let cfg = synth::preset(SynthVariant::E4b);
+        let out_of = |plan: &ForwardPlan, id: LaunchId| -> String {
+            plan.launches[id]
+                .bound
+                .iter()
+                .find(|(k, _)| *k == "OUT")
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_default()
+        };
+        for (profile, want) in [("main", ActFormat::Q8Split), ("kq-split", ActFormat::F32)] {
+            let what = format!("e4b q4_k_m {profile}");
+            let (plan, _) = synth_plan(profile, &cfg, WeightType::Q4KM, &what);
+            let mut prepasses = 0;
+            for b in plan.buckets.iter().filter(|b| b.rows <= GEMV_MAX_ROWS) {
+                for (l, lp) in b.layers.iter().enumerate() {
+                    let mut ms: Vec<&MatmulPlan> = lp.qkv.iter().collect();
+                    ms.extend([&lp.o, &lp.gate_up, &lp.down]);
+                    for m in ms {
+                        if WType::of(m.dim.2).is_some_and(|t| t.is_kquant()) {
+                            assert_eq!(
+                                m.input, want,
+                                "{what} bucket {} layer {l} {:?}",
+                                b.rows, m.proj
+                            );
+                        }
+                    }
+                    assert_eq!(
+                        out_of(&plan, lp.input_norm),
+                        lp.qkv[0].input.define(),
+                        "{what} layer {l}"
+                    );
+                    if let Some(g) = lp.gelu {
+                        assert_eq!(out_of(&plan, g), lp.down.input.define(), "{what} layer {l}");
+                    }
+                    match lp.o.prepass {
+                        Some(pp) => {
+                            assert_eq!(plan.launches[pp.launch].slot, Slot::QuantizeQ8_1);
+                            assert_eq!(out_of(&plan, pp.launch), lp.o.input.define());
+                            prepasses += 1;
+                        }
+                        None => assert!(
+                            lp.o.input == ActFormat::F32 || lp.attention.out == lp.o.input,
+                            "{what} layer {l}: O reads {:?} with no pre-pass",
+                            lp.o.input
+                        ),
+                    }
+                }
+            }
+            assert_eq!(prepasses > 0, profile == "main", "{what}: {prepasses}");
         }
     }
 

@@ -190,7 +190,7 @@ impl Slot {
             Slot::Embed => "token embedding gather and scale",
             Slot::Ple => "per-layer inputs (E2B/E4B)",
             Slot::Softcap => "final logit softcap",
-            Slot::QuantizeQ8_1 => "f32 -> Q8_1 activation pre-pass for dp4a/mmq consumers",
+            Slot::QuantizeQ8_1 => "f32 -> Q8_1 planes or split Q8 records: the activation pre-pass of dp4a/mmq consumers",
             Slot::ActConvert => "f32 -> bf16 operands of the vendor (cuBLAS) GEMM arm",
             Slot::ScaleExpand => {
                 "a quantized matrix's prefill GEMM scales from its decode GEMV scales (gemm_scales = \"expand\")"

@@ -20,8 +20,10 @@ pub enum DimKind {
     /// 16, 32, 64 are as far apart as 1, 2, 4 and `SPLITS = 0` (auto) sits
     /// below the explicit counts).
     Ordinal,
-    /// Any other value (a type name, or a define some points leave unset):
-    /// equal or different.
+    /// Any other value (a type name, or a define some points leave unset),
+    /// and an integer define whose values are exactly 0, 1, .., n-1 with
+    /// n >= 3: a numbered list of algorithms (`ALGO`), whose numbers say
+    /// nothing about how close two of them are. Equal or different.
     Categorical,
 }
 
@@ -60,13 +62,16 @@ impl Space {
             if values.len() < 2 {
                 continue;
             }
-            let kind = if values
+            let ints: Option<Vec<i64>> = values
                 .iter()
-                .all(|v| matches!(v, Some(DefineValue::Int(_))))
-            {
-                DimKind::Ordinal
-            } else {
-                DimKind::Categorical
+                .map(|v| match v {
+                    Some(DefineValue::Int(i)) => Some(*i),
+                    _ => None,
+                })
+                .collect();
+            let kind = match ints {
+                Some(v) if !is_enumeration(&v) => DimKind::Ordinal,
+                _ => DimKind::Categorical,
             };
             dims.push(Dim {
                 name: name.clone(),
@@ -197,6 +202,13 @@ impl Space {
             })
             .sum()
     }
+}
+
+/// Sorted distinct values 0, 1, .., n-1 with n >= 3: the numbering of a
+/// list of modes rather than a magnitude (two values are an ordinal and a
+/// categorical axis alike).
+fn is_enumeration(sorted: &[i64]) -> bool {
+    sorted.len() >= 3 && sorted.iter().enumerate().all(|(i, &v)| v == i as i64)
 }
 
 /// Parses canonical defines (`A=1 B=Q8_0`, as result rows store them).

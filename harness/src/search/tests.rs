@@ -365,6 +365,49 @@ fn space_drops_constant_defines_and_maps_children_onto_listed_points() {
     assert_eq!(s.int_value(1, "X"), Some(4));
 }
 
+/// An integer define numbered 0, 1, .., n-1 (n >= 3) is a list of modes
+/// (gemv's ALGO): equal or different, not near or far. Other integer axes,
+/// and two-valued ones, stay ordinal.
+#[test]
+fn numbered_modes_are_categorical() {
+    use gemtune_kernels::defines::{defines, DefineValue};
+    let pt = |a: i64, r: i64, s: i64| {
+        (
+            format!("A{a}R{r}S{s}"),
+            defines([
+                ("ALGO", DefineValue::Int(a)),
+                ("ROWS", DefineValue::Int(r)),
+                ("STAGES", DefineValue::Int(s)),
+            ]),
+        )
+    };
+    let s = Space::from_defines(&[pt(0, 1, 2), pt(1, 2, 3), pt(2, 4, 4), pt(3, 8, 2)]);
+    let kind = |n: &str| s.dims().iter().find(|d| d.name == n).map(|d| d.kind);
+    assert_eq!(kind("ALGO"), Some(DimKind::Categorical));
+    assert_eq!(kind("ROWS"), Some(DimKind::Ordinal));
+    assert_eq!(
+        kind("STAGES"),
+        Some(DimKind::Ordinal),
+        "2, 3, 4 does not start at 0"
+    );
+    // Only ALGO varies: ALGO 0 is as far from 3 as from 1.
+    let algo = Space::from_defines(&[pt(0, 1, 2), pt(1, 1, 2), pt(2, 1, 2), pt(3, 1, 2)]);
+    let d2 = |a: usize, b: usize| -> f64 {
+        algo.features(a)
+            .iter()
+            .zip(algo.features(b))
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum()
+    };
+    assert!((d2(0, 1) - 1.0).abs() < 1e-12 && (d2(0, 3) - 1.0).abs() < 1e-12);
+    let two = Space::from_defines(&[pt(0, 1, 2), pt(1, 1, 2)]);
+    assert_eq!(
+        two.dims()[0].kind,
+        DimKind::Ordinal,
+        "two modes: either kind measures alike"
+    );
+}
+
 /// The family's `validate` runs when the space is built: on a shape where
 /// it rejects cells, no strategy ever hands one to the evaluator (which
 /// stands for compile + check + time and counts both).

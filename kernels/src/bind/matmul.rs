@@ -82,7 +82,9 @@ impl MatmulFamily {
 pub enum Prepass {
     /// None: the kernel reads f32 activations.
     None,
-    /// `quantize_q8_1` (its own family and module): `(x, q, ds, m*k as u64)`.
+    /// `quantize_q8_1` (its own family and module), writing the binding's
+    /// activation format (its `OUT`: Q8_1 planes, or split Q8 records with
+    /// no scale plane): `(x, q, ds, m*k as u64)`.
     QuantizeQ8_1,
     /// `gemm_dq_convert`, an entry of the variant's own module:
     /// `(x, xh, m*k/2 as u64)`.
@@ -135,7 +137,14 @@ impl MatmulBinding {
         };
         Ok(match fam {
             MatmulFamily::Gemv => {
-                let q8 = get_int(d, "ALGO")? == 1;
+                // ALGO 1 reads Q8_1 planes, ALGO 3 split Q8 records, both
+                // from the quantize pre-pass (or a producer writing them);
+                // ALGO 0 and 2 read the f32 rows.
+                let act = match get_int(d, "ALGO")? {
+                    1 => ActFormat::Q8_1,
+                    3 => ActFormat::Q8Split,
+                    _ => ActFormat::F32,
+                };
                 MatmulBinding {
                     family: fam,
                     layout: if get_int(d, "LAYOUT")? == 0 {
@@ -145,11 +154,11 @@ impl MatmulBinding {
                             scales: ScaleType::F16,
                         }
                     },
-                    act: if q8 { ActFormat::Q8_1 } else { ActFormat::F32 },
-                    prepass: if q8 {
-                        Prepass::QuantizeQ8_1
-                    } else {
+                    act,
+                    prepass: if act == ActFormat::F32 {
                         Prepass::None
+                    } else {
+                        Prepass::QuantizeQ8_1
                     },
                     zero_output: false,
                     matrices: if get_int(d, "FUSE")? == 1 { 2 } else { 1 },

@@ -24,6 +24,10 @@ pub type DevPtr = u64;
 /// The null pointer, for optional buffers a kernel checks at run time.
 pub const NULL: DevPtr = 0;
 
+/// Bytes of one split Q8 record (`q8_split.cuh`'s `XSplit`): q1[32] and
+/// q2[32] as int8, then d1, d2 (f32) and s1, s2 (i32), little-endian.
+pub const Q8_SPLIT_RECORD: usize = 80;
+
 /// The format of an activation tensor `[rows][width]` that one kernel
 /// writes and the next reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,6 +43,11 @@ pub enum ActFormat {
     DqF16,
     /// The same with bf16 values (DQ_TYPE=BF16).
     DqBf16,
+    /// Split Q8 records: per 32 values one 80-byte record (`q8_split.cuh`:
+    /// two int8 planes, `x ~ d1 q1 + d2 q2`, then d1, d2 and the two
+    /// integer sums), `[rows][width/32]`; `families::q8_split_records` is
+    /// the rule. Read by the k-quant GEMV's ALGO 3.
+    Q8Split,
 }
 
 impl ActFormat {
@@ -49,6 +58,7 @@ impl ActFormat {
             ActFormat::Q8_1 => "Q8_1",
             ActFormat::DqF16 => "DQ_F16",
             ActFormat::DqBf16 => "DQ_BF16",
+            ActFormat::Q8Split => "Q8_SPLIT",
         }
     }
     /// Bytes of the main plane of `rows x width` values.
@@ -57,6 +67,7 @@ impl ActFormat {
             ActFormat::F32 => rows * width * 4,
             ActFormat::Q8_1 => rows * width,
             ActFormat::DqF16 | ActFormat::DqBf16 => rows * width * 2,
+            ActFormat::Q8Split => rows * (width / 32) * Q8_SPLIT_RECORD,
         }
     }
     /// Bytes of the scale plane (Q8_1 only).

@@ -68,8 +68,11 @@ impl PrefillIo {
     pub fn read(d: &Defines) -> Result<PrefillIo, String> {
         let q16 = crate::defines::int_in(d, "Q16", &[0, 1])? == 1;
         let out = out_format(d)?;
-        if out == ActFormat::Q8_1 {
-            return Err("OUT=Q8_1: attention writes F32, DQ_F16 or DQ_BF16".into());
+        if matches!(out, ActFormat::Q8_1 | ActFormat::Q8Split) {
+            return Err(format!(
+                "OUT={}: attention writes F32, DQ_F16 or DQ_BF16",
+                out.define()
+            ));
         }
         Ok(PrefillIo { q16, out })
     }

@@ -1,12 +1,13 @@
 //! `gemv`: decode matmul (1..8 tokens) over every matmul weight type, with
 //! f32 activations (optionally staged in padded shared memory, XSMEM=1),
 //! Q8_1 activations (dp4a), or, for the k-quants, split Q8 activations that
-//! each block makes from the f32 rows (ALGO 2); optional gate+up+GELU
-//! fusion. See kernels/cuda/gemv.cu.
+//! each block makes from the f32 rows (ALGO 2) or reads as records a
+//! producer wrote (ALGO 3); optional gate+up+GELU fusion. See
+//! kernels/cuda/gemv.cu.
 
 use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
-    seeded_inputs, split_q8_replay, MatmulWorkload, QWeights,
+    q8_split_records, seeded_inputs, split_q8_replay, MatmulWorkload, QWeights,
 };
 use crate::bind::matmul::MatmulBinding;
 use crate::bind::{Act, ActFormat};
@@ -107,7 +108,7 @@ impl Family for Gemv {
     }
     fn contract(&self, d: &Defines) -> Contract {
         match d.get("ALGO") {
-            Some(DefineValue::Int(1 | 2)) => Contract::Approx,
+            Some(DefineValue::Int(1..=3)) => Contract::Approx,
             _ => Contract::Fp,
         }
     }
@@ -115,7 +116,7 @@ impl Family for Gemv {
         let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
         let fp = fp_rms_bound(k);
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1)));
-        if matches!(d.get("ALGO"), Some(DefineValue::Int(2))) {
+        if matches!(d.get("ALGO"), Some(DefineValue::Int(2 | 3))) {
             // The split's residual noise: about 1e-5 of the activations'
             // RMS per element (scale under amax / 127 / 254), so the dot
             // products carry about that relative error; gelu's slope near 0
@@ -155,7 +156,7 @@ impl Family for Gemv {
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
         let wt = check_wtype(d, mp)?;
-        let algo = int_in(d, "ALGO", &[0, 1, 2])?;
+        let algo = int_in(d, "ALGO", &[0, 1, 2, 3])?;
         let layout = int_in(d, "LAYOUT", &[0, 1])?;
         let fuse = int_in(d, "FUSE", &[0, 1])?;
         match wt {
@@ -197,9 +198,11 @@ impl Family for Gemv {
             }
             _ => {}
         }
-        if algo == 2 && !(matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K) && layout == 1) {
+        if (algo == 2 || algo == 3)
+            && !(matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K) && layout == 1)
+        {
             return Err(format!(
-                "ALGO=2 (split Q8 activations) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1), not {} with LAYOUT={layout}",
+                "ALGO={algo} (split Q8 activations) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1), not {} with LAYOUT={layout}",
                 wt.define()
             ));
         }
@@ -208,7 +211,7 @@ impl Family for Gemv {
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
         let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
         let kquant = matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K);
-        if kquant && algo == 1 && rows * unroll >= 16 {
+        if kquant && (algo == 1 || algo == 3) && rows * unroll >= 16 {
             // A k-quant chunk keeps 6 (Q4_K), 7 (Q5_K) or 8 (Q6_K) words
             // live (nibbles, two scales, high-bit words); 16 chunks in
             // flight next to 8 x 8 accumulators pass the 255 registers.
@@ -232,13 +235,17 @@ impl Family for Gemv {
             ));
         }
         let xsmem = int_in(d, "XSMEM", &[0, 1])? == 1;
-        let dyn_smem = if algo == 2 {
+        let dyn_smem = if algo >= 2 {
             if xsmem {
-                return Err(
-                    "ALGO=2 stages its own split activations: XSMEM=1 applies to ALGO=0".into(),
-                );
+                return Err(format!(
+                    "ALGO={algo} reads split activations: XSMEM=1 applies to ALGO=0"
+                ));
             }
-            split_bytes(mp.m, mp.k, lim)?
+            if algo == 2 {
+                split_bytes(mp.m, mp.k, lim)?
+            } else {
+                0
+            }
         } else if xsmem {
             xsmem_bytes(algo, mp.m, mp.k, lim)?
         } else {
@@ -284,11 +291,18 @@ impl Family for Gemv {
         }
         let weight_bytes: u64 = planes.iter().map(|b| b.bytes() as u64).sum();
         let (q, ds) = q8_1_replay(x);
-        let (acts, act_bytes) = if algo != 1 {
-            (vec![gpu.upload(x)?], (m * k * 4) as u64)
-        } else {
-            let bytes = (q.len() + ds.len() * 8) as u64;
-            (vec![gpu.upload(&q)?, gpu.upload(&ds_words(&ds))?], bytes)
+        let (acts, act_bytes) = match algo {
+            1 => {
+                let bytes = (q.len() + ds.len() * 8) as u64;
+                (vec![gpu.upload(&q)?, gpu.upload(&ds_words(&ds))?], bytes)
+            }
+            // The producer's split records, as the pre-pass writes them.
+            3 => {
+                let rec = q8_split_records(x);
+                let bytes = rec.len() as u64;
+                (vec![gpu.upload(&rec)?], bytes)
+            }
+            _ => (vec![gpu.upload(x)?], (m * k * 4) as u64),
         };
         let key = format!("gemv {m} {n} {k} {wt:?} fuse={fuse} {seed}");
         let inp = inputs.clone();
@@ -321,7 +335,7 @@ impl Family for Gemv {
                         .collect();
                     combine(&rp)
                 })),
-                2 => Some(memo::get(format!("{key} replay split"), || {
+                2 | 3 => Some(memo::get(format!("{key} replay split"), || {
                     let xs = split_q8_replay(&inp.x);
                     let rp: Vec<Vec<f64>> = inp
                         .w
@@ -341,7 +355,7 @@ impl Family for Gemv {
             format => Act {
                 format,
                 data: acts[0].ptr(),
-                scales: acts[1].ptr(),
+                scales: acts.get(1).map_or(crate::bind::NULL, |b| b.ptr()),
             },
         };
         let nmat = mats.len() as u64;
@@ -370,6 +384,7 @@ impl Family for Gemv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bind::matmul::Prepass;
     use crate::device::DeviceLimits;
     use crate::quant::{dequantize_row, quantize_row};
 
@@ -599,35 +614,67 @@ mod tests {
     fn split_activations_read_kquant_planes_only() {
         let f = Gemv;
         let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
-        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
-            let mut d = f.default_defines(ty);
-            d.insert("ALGO".into(), DefineValue::Int(2));
-            d.insert("LAYOUT".into(), DefineValue::Int(1));
-            assert_eq!(f.contract(&d), Contract::Approx);
-            let g = f
-                .validate(&d, &Problem::matmul(8, 100, 2560, ty), &lim)
-                .expect("k-quant planes");
-            assert_eq!(g.dyn_smem, 8 * 80 * 80);
-            let b = MatmulBinding::of("gemv", &d).expect("bind");
-            assert_eq!(b.act, ActFormat::F32, "the kernel splits f32 rows itself");
-            d.insert("XSMEM".into(), DefineValue::Int(1));
-            let e = f
-                .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
-                .expect_err("XSMEM is ALGO 0's");
-            assert!(e.contains("XSMEM=1 applies to ALGO=0"), "{e}");
+        for (algo, smem, act) in [(2, 8 * 80 * 80, ActFormat::F32), (3, 0, ActFormat::Q8Split)] {
+            for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+                let mut d = f.default_defines(ty);
+                d.insert("ALGO".into(), DefineValue::Int(algo));
+                d.insert("LAYOUT".into(), DefineValue::Int(1));
+                assert_eq!(f.contract(&d), Contract::Approx);
+                let g = f
+                    .validate(&d, &Problem::matmul(8, 100, 2560, ty), &lim)
+                    .expect("k-quant planes");
+                // ALGO 2 splits the rows into shared memory itself; ALGO 3
+                // reads the producer's records from global memory.
+                assert_eq!(g.dyn_smem, smem, "ALGO={algo}");
+                let b = MatmulBinding::of("gemv", &d).expect("bind");
+                assert_eq!(b.act, act, "ALGO={algo}");
+                let pre = if algo == 3 {
+                    Prepass::QuantizeQ8_1
+                } else {
+                    Prepass::None
+                };
+                assert_eq!(b.prepass, pre, "ALGO={algo}");
+                d.insert("XSMEM".into(), DefineValue::Int(1));
+                let e = f
+                    .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
+                    .expect_err("XSMEM is ALGO 0's");
+                assert!(e.contains("XSMEM=1 applies to ALGO=0"), "{e}");
+            }
+            for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
+                let mut d = f.default_defines(ty);
+                d.insert("ALGO".into(), DefineValue::Int(algo));
+                d.insert("LAYOUT".into(), DefineValue::Int(1));
+                let e = f
+                    .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
+                    .expect_err("not a k-quant");
+                assert!(
+                    e.contains("k-quant planes") || e.contains("need ALGO=0"),
+                    "{e}"
+                );
+            }
         }
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
-            let mut d = f.default_defines(ty);
-            d.insert("ALGO".into(), DefineValue::Int(2));
-            d.insert("LAYOUT".into(), DefineValue::Int(1));
-            let e = f
-                .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
-                .expect_err("not a k-quant");
-            assert!(
-                e.contains("k-quant planes") || e.contains("need ALGO=0"),
-                "{e}"
-            );
-        }
+    }
+
+    /// ALGO 3's input buffer is the records the producers write: 80 bytes
+    /// per group, the values the ALGO 2 replay uses, and the binding's
+    /// activation size.
+    #[test]
+    fn split_records_are_what_the_split_replay_reads() {
+        let mut rng = super::super::rng_for("gemv-split-records", &[3], 7);
+        let x = super::super::random_matrix(&mut rng, 3, 96);
+        let rec = q8_split_records(&x);
+        assert_eq!(rec.len(), ActFormat::Q8Split.bytes(3, 96));
+        assert_eq!(rec.len(), 9 * crate::families::Q8_SPLIT_RECORD);
+        assert_eq!(
+            crate::families::q8_split_values(&rec, x.len()),
+            split_q8_replay(&x)
+        );
+        // Group 4: its sums are those of its quants.
+        let g = &rec[4 * 80..5 * 80];
+        let s1: i32 = g[..32].iter().map(|&b| b as i8 as i32).sum();
+        let s2: i32 = g[32..64].iter().map(|&b| b as i8 as i32).sum();
+        assert_eq!(i32::from_le_bytes([g[72], g[73], g[74], g[75]]), s1);
+        assert_eq!(i32::from_le_bytes([g[76], g[77], g[78], g[79]]), s2);
     }
 
     #[test]

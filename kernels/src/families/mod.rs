@@ -277,31 +277,64 @@ pub(crate) fn matmul_f64(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> 
     out.into_iter().map(f64::from).collect()
 }
 
-/// The split Q8 activations of gemv ALGO 2, as the kernel rounds them
-/// (`split_rows` in gemv_chunk.cuh): per 32-element group, d1 = amax / 127,
-/// q1 = rint(x * (1 / d1)) (ties to even, each f32 op rounded once), the
-/// residual `x - d1 * q1` in one fused rounding, and q2 of it the same way;
-/// each element's value `d1 * q1 + d2 * q2` in f64 (the kernel scales the
-/// integer dots, so the two parts are never added in f32). `x.len()` must
-/// be whole groups.
-pub(crate) fn split_q8_replay(x: &[f32]) -> Vec<f64> {
-    let q8 = |v: f32, d: f32| {
+pub use crate::bind::Q8_SPLIT_RECORD;
+
+/// The split Q8 records of `x` (whole 32-element groups), byte for byte as
+/// the kernels write them (`q8_split.cuh`: gemv ALGO 2's `split_rows`,
+/// `split_write4` of act_out.cuh and the quantize pre-pass): per group,
+/// d1 = amax / 127, q1 = rint(x * (1 / d1)) (ties to even, each f32 op
+/// rounded once, 0 when d1 = 0), the residual `x - d1 * q1` in one fused
+/// rounding, q2 of it the same way, and the integer sums.
+pub fn q8_split_records(x: &[f32]) -> Vec<u8> {
+    let q8 = |v: f32, d: f32| -> i32 {
         if d != 0.0 {
-            (v * (1.0f32 / d)).round_ties_even()
+            (v * (1.0f32 / d)).round_ties_even() as i32
         } else {
-            0.0
+            0
         }
     };
-    let mut out = Vec::with_capacity(x.len());
+    let mut out = Vec::with_capacity(x.len() / 32 * Q8_SPLIT_RECORD);
     for blk in x.chunks_exact(32) {
         let d1 = blk.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0f32;
-        let r: Vec<f32> = blk.iter().map(|&v| (-d1).mul_add(q8(v, d1), v)).collect();
+        let q1: Vec<i32> = blk.iter().map(|&v| q8(v, d1)).collect();
+        let r: Vec<f32> = blk
+            .iter()
+            .zip(&q1)
+            .map(|(&v, &q)| (-d1).mul_add(q as f32, v))
+            .collect();
         let d2 = r.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0f32;
-        for (&v, &rv) in blk.iter().zip(&r) {
-            out.push(d1 as f64 * q8(v, d1) as f64 + d2 as f64 * q8(rv, d2) as f64);
+        let q2: Vec<i32> = r.iter().map(|&v| q8(v, d2)).collect();
+        out.extend(q1.iter().map(|&q| q as i8 as u8));
+        out.extend(q2.iter().map(|&q| q as i8 as u8));
+        out.extend(d1.to_le_bytes());
+        out.extend(d2.to_le_bytes());
+        out.extend(q1.iter().sum::<i32>().to_le_bytes());
+        out.extend(q2.iter().sum::<i32>().to_le_bytes());
+    }
+    out
+}
+
+/// The first `n` values the split records in `bytes` carry, each
+/// `d1 * q1 + d2 * q2` in f64 (the kernels scale the two integer dots
+/// apart, so the parts are never added in f32).
+pub fn q8_split_values(bytes: &[u8], n: usize) -> Vec<f64> {
+    let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64;
+    let mut out = Vec::with_capacity(n);
+    for rec in bytes.chunks_exact(Q8_SPLIT_RECORD) {
+        let (d1, d2) = (f(&rec[64..68]), f(&rec[68..72]));
+        for i in 0..32 {
+            if out.len() == n {
+                return out;
+            }
+            out.push(d1 * rec[i] as i8 as f64 + d2 * rec[32 + i] as i8 as f64);
         }
     }
     out
+}
+
+/// The values the split Q8 activations of `x` carry (gemv ALGO 2 and 3).
+pub(crate) fn split_q8_replay(x: &[f32]) -> Vec<f64> {
+    q8_split_values(&q8_split_records(x), x.len())
 }
 
 /// out[m][n] = sum_k x[m][k] * w[n][k] with f64 activations, in f64.

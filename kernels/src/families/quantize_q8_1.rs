@@ -1,10 +1,11 @@
-//! `quantize_q8_1`: f32 activations -> Q8_1 planes (int8 quants + (d, sum)).
-//! Bitexact against `families::q8_1_replay`.
+//! `quantize_q8_1`: f32 activations -> Q8_1 planes (int8 quants + (d, sum))
+//! with OUT=Q8_1, or split Q8 records with OUT=Q8_SPLIT. Bitexact against
+//! `families::q8_1_replay` / `families::q8_split_records`.
 
-use super::{q8_1_replay, random_matrix, rng_for};
+use super::{q8_1_replay, q8_split_records, random_matrix, rng_for};
 use crate::bind::matmul::Prepass;
 use crate::bind::{Act, ActFormat};
-use crate::defines::{defines, int_range, Defines};
+use crate::defines::{defines, get_str, int_range, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{DeviceBuffer, Gpu, GpuError, Module};
 use crate::kernel_family::Family;
@@ -26,7 +27,9 @@ impl Family for QuantizeQ81 {
         "quantize_q8_1.cu"
     }
     fn default_defines(&self, _wtype: GgmlType) -> Defines {
-        defines([("THREADS", 256i64)])
+        let mut d = defines([("THREADS", 256i64)]);
+        d.insert("OUT".into(), "Q8_1".into());
+        d
     }
     fn contract(&self, _d: &Defines) -> Contract {
         Contract::Bitexact
@@ -42,6 +45,7 @@ impl Family for QuantizeQ81 {
         lim: &DeviceLimits,
     ) -> Result<LaunchGeometry, String> {
         let mp = matmul_of(p)?;
+        out_of(d)?;
         let threads = int_range(d, "THREADS", 32, lim.max_threads_per_block as i64)?;
         if threads % 32 != 0 {
             return Err(format!("THREADS={threads} is not a multiple of 32"));
@@ -67,7 +71,7 @@ impl Family for QuantizeQ81 {
     fn workload(
         &self,
         gpu: &Gpu,
-        _d: &Defines,
+        d: &Defines,
         p: &Problem,
         geo: &LaunchGeometry,
         seed: u64,
@@ -75,6 +79,16 @@ impl Family for QuantizeQ81 {
         let mp = matmul_of(p).map_err(GpuError::Rejected)?;
         let mut rng = rng_for(self.name(), &[mp.m, mp.k], seed);
         let x = random_matrix(&mut rng, mp.m, mp.k);
+        let format = out_of(d).map_err(GpuError::Rejected)?;
+        if format == ActFormat::Q8Split {
+            return Ok(Box::new(SplitWorkload {
+                x: gpu.upload(&x)?,
+                out: gpu.alloc(format.bytes(mp.m, mp.k))?,
+                want: q8_split_records(&x),
+                xs: x,
+                geo: geo.clone(),
+            }));
+        }
         let (q, ds) = q8_1_replay(&x);
         Ok(Box::new(QuantWorkload {
             x: gpu.upload(&x)?,
@@ -85,6 +99,15 @@ impl Family for QuantizeQ81 {
             xs: x,
             geo: geo.clone(),
         }))
+    }
+}
+
+/// The format OUT names: Q8_1 planes or split Q8 records.
+fn out_of(d: &Defines) -> Result<ActFormat, String> {
+    match get_str(d, "OUT")?.as_str() {
+        "Q8_1" => Ok(ActFormat::Q8_1),
+        "Q8_SPLIT" => Ok(ActFormat::Q8Split),
+        o => Err(format!("OUT={o}: quantize_q8_1 writes Q8_1 or Q8_SPLIT")),
     }
 }
 
@@ -217,5 +240,121 @@ impl Workload for QuantWorkload {
     }
     fn op_kind(&self) -> OpKind {
         OpKind::Flop
+    }
+}
+
+/// OUT=Q8_SPLIT: the records of `q8_split_records`, byte for byte.
+struct SplitWorkload {
+    x: DeviceBuffer,
+    out: DeviceBuffer,
+    xs: Vec<f32>,
+    want: Vec<u8>,
+    geo: LaunchGeometry,
+}
+
+impl Workload for SplitWorkload {
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
+    fn set_weight_copies(&mut self, _gpu: &Gpu, _n: usize) -> Result<(), GpuError> {
+        Ok(())
+    }
+    fn weight_copies(&self) -> usize {
+        1
+    }
+    fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
+        let out = Act {
+            format: ActFormat::Q8Split,
+            data: self.out.ptr(),
+            scales: crate::bind::NULL,
+        };
+        let args = Prepass::QuantizeQ8_1
+            .kargs(self.x.ptr(), &out, 1, self.xs.len())
+            .ok_or_else(|| GpuError::Other("quantize_q8_1 has no pre-pass arguments".into()))?;
+        gpu.launch(m, &self.geo, &args)
+    }
+    fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        poison(gpu, &[&self.out])
+    }
+    fn evaluate(&self, gpu: &Gpu, _c: Contract, _tol: &Tolerance) -> Result<CheckReport, GpuError> {
+        let words: Vec<u32> = gpu.download(&self.out)?;
+        let got: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let rec = super::Q8_SPLIT_RECORD;
+        let unwritten = words.iter().filter(|&&w| w == POISON_BITS).count();
+        let bad: Vec<usize> = (0..self.want.len() / rec)
+            .filter(|&g| got[g * rec..(g + 1) * rec] != self.want[g * rec..(g + 1) * rec])
+            .collect();
+        let vals = super::q8_split_values(&got, self.xs.len());
+        let (mut e2, mut r2, mut max_abs, mut max_rel) = (0f64, 0f64, 0f64, 0f64);
+        for (&v, &xv) in vals.iter().zip(&self.xs) {
+            let e = (v - xv as f64).abs();
+            if e.is_finite() {
+                e2 += e * e;
+                max_abs = max_abs.max(e);
+                max_rel = max_rel.max(e / (xv.abs() as f64).max(1e-30));
+            }
+            r2 += (xv as f64) * (xv as f64);
+        }
+        let non_finite = vals.iter().filter(|v| !v.is_finite()).count();
+        let mut detail = Vec::new();
+        if let Some(&g) = bad.first() {
+            detail.push(format!(
+                "{} of {} split records differ (first: group {g})",
+                bad.len(),
+                self.want.len() / rec
+            ));
+        }
+        if unwritten > 0 {
+            detail.push(format!("{unwritten} output words unwritten"));
+        }
+        Ok(CheckReport {
+            passed: detail.is_empty(),
+            rms_rel: (e2 / r2.max(f64::MIN_POSITIVE)).sqrt(),
+            max_rel,
+            max_abs,
+            outliers: bad.len(),
+            replay_rms_rel: Some(if bad.is_empty() { 0.0 } else { 1.0 }),
+            unwritten,
+            non_finite,
+            detail: if detail.is_empty() {
+                format!("ok: {} split records bit-identical", self.want.len() / rec)
+            } else {
+                detail.join("; ")
+            },
+        })
+    }
+    fn raw_output(&self, gpu: &Gpu) -> Result<Vec<u32>, GpuError> {
+        gpu.download(&self.out)
+    }
+    fn bytes_per_call(&self) -> u64 {
+        let e = self.xs.len() as u64;
+        4 * e + e / 32 * super::Q8_SPLIT_RECORD as u64
+    }
+    fn ops_per_call(&self) -> u64 {
+        self.xs.len() as u64
+    }
+    fn op_kind(&self) -> OpKind {
+        OpKind::Flop
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_selects_the_format_and_refuses_the_rest() {
+        let f = QuantizeQ81;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let p = Problem::matmul(2, 1, 2560, GgmlType::Q8_0);
+        let mut d = f.default_defines(GgmlType::Q8_0);
+        assert_eq!(out_of(&d), Ok(ActFormat::Q8_1));
+        f.validate(&d, &p, &lim).expect("Q8_1");
+        d.insert("OUT".into(), "Q8_SPLIT".into());
+        assert_eq!(out_of(&d), Ok(ActFormat::Q8Split));
+        f.validate(&d, &p, &lim).expect("split records");
+        d.insert("OUT".into(), "F32".into());
+        let e = f.validate(&d, &p, &lim).expect_err("not an integer format");
+        assert!(e.contains("writes Q8_1 or Q8_SPLIT"), "{e}");
     }
 }
