@@ -311,6 +311,7 @@ fn launches(
             EmbedArgs {
                 tokens: NULL,
                 table: NULL,
+                side: NULL,
                 out: NULL,
                 rows: 0,
                 width: 0,

@@ -344,6 +344,8 @@ impl CudaEngine<'_> {
         let a = brows::EmbedArgs {
             tokens: self.b.tokens.ptr(),
             table: self.w.embd.buf.ptr(),
+            // The table's GGUF rows (LAYOUT=0): no side plane.
+            side: NULL,
             out: self.b.x.ptr(),
             rows: t,
             width: cfg.d_model,

@@ -113,11 +113,15 @@ impl GeluMulArgs {
     }
 }
 
-/// `embed(tokens, table, out, rows, width, scale)`.
+/// `embed(tokens, table, side, out, rows, width, scale)`. With LAYOUT=0
+/// `table` holds GGUF rows and `side` is unused (`NULL`); with LAYOUT=1
+/// (Q6_K) they are the nibble plane and the GEMV side records of the plane
+/// repack.
 #[derive(Clone, Copy, Debug)]
 pub struct EmbedArgs {
     pub tokens: DevPtr,
     pub table: DevPtr,
+    pub side: DevPtr,
     pub out: DevPtr,
     pub rows: usize,
     pub width: usize,
@@ -129,6 +133,7 @@ impl EmbedArgs {
         vec![
             ptr(self.tokens),
             ptr(self.table),
+            ptr(self.side),
             ptr(self.out),
             i32_arg(self.rows),
             i32_arg(self.width),

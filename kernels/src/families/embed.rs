@@ -10,6 +10,7 @@ use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
 use crate::kernel_family::Family;
 use crate::problem::{rows_of, Problem, ProblemKind};
+use crate::quant::repack::{repack_kquant, KSide};
 use crate::quant::{dequantize_row, quantize_row, GgmlType};
 use crate::verdict::{Contract, Tolerance};
 use crate::workload::Workload;
@@ -102,7 +103,13 @@ impl Family for Embed {
         ProblemKind::Rows
     }
     fn default_defines(&self, wtype: GgmlType) -> Defines {
-        let mut d = defines([("THREADS", 256i64), ("ALGO", 0), ("UNROLL", 1), ("ROWS", 1)]);
+        let mut d = defines([
+            ("THREADS", 256i64),
+            ("ALGO", 0),
+            ("UNROLL", 1),
+            ("ROWS", 1),
+            ("LAYOUT", 0),
+        ]);
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
@@ -131,6 +138,12 @@ impl Family for Embed {
         }
         if r.rows == 0 || r.rows > 65535 {
             return Err(format!("{} rows (grid.y holds 1..=65535)", r.rows));
+        }
+        if crate::defines::int_in(d, "LAYOUT", &[0, 1])? == 1 && t != GgmlType::Q6K {
+            return Err(format!(
+                "LAYOUT=1 reads the Q6_K plane repack, not a {} table",
+                t.name()
+            ));
         }
         let grid = match get_int(d, "ALGO")? {
             0 => (r.width.div_ceil(th) as u32, r.rows as u32, 1),
@@ -181,21 +194,38 @@ impl Family for Embed {
                     .map(|&v| (v * scale) as f64),
             );
         }
-        let table = gpu.upload(&bytes)?;
+        // LAYOUT=1: the table as the k-quant GEMV reads it (nibble plane
+        // and side records), repacked losslessly from the same GGUF rows.
+        let planes = get_int(d, "LAYOUT").map_err(GpuError::Rejected)? == 1;
+        let (main, side) = if planes {
+            let p = repack_kquant(t, &bytes, CHECK_VOCAB * w, KSide::Gemv)
+                .map_err(|e| GpuError::Other(format!("table repack: {e}")))?;
+            (p.nibbles, p.side)
+        } else {
+            (bytes, vec![0u8; 16])
+        };
+        let table_bytes = main.len() + if planes { side.len() } else { 0 };
+        let table = gpu.upload(&main)?;
+        let side = gpu.upload(&side)?;
         let tok = gpu.upload(&tokens)?;
         let out = gpu.alloc(rows * w * 4)?;
         let a = EmbedArgs {
             tokens: tok.ptr(),
             table: table.ptr(),
+            side: if planes {
+                side.ptr()
+            } else {
+                crate::bind::NULL
+            },
             out: out.ptr(),
             rows,
             width: w,
             scale,
         };
-        let row_bytes = bytes.len() / CHECK_VOCAB;
+        let row_bytes = table_bytes / CHECK_VOCAB;
         Ok(Box::new(RowsWorkload {
             args: a.kargs(),
-            bufs: vec![tok, table, out],
+            bufs: vec![tok, table, out, side],
             outputs: vec![(2, OutRead::F32)],
             restore: Vec::new(),
             geo: geo.clone(),
@@ -207,5 +237,75 @@ impl Family for Embed {
             bytes: (rows * (row_bytes + 4 * w + 4)) as u64,
             ops: (rows * w) as u64,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::blocks::f16_to_f32;
+
+    /// embed.cu's LAYOUT=1 read replayed on the CPU with the kernel's byte
+    /// offsets and word loads (`q6p_ld4` / `q6p_deq4`): every value of
+    /// every row of a repacked Q6_K table equals ggml's dequantization bit
+    /// for bit.
+    #[test]
+    fn q6k_plane_reads_match_the_dequantized_rows() {
+        let (vocab, width) = (5, 512);
+        let mut rng = rng_for("embed-q6k-planes", &[vocab, width], 1);
+        let (bytes, deq) = make_table(&mut rng, GgmlType::Q6K, vocab, width).expect("table");
+        let p = repack_kquant(GgmlType::Q6K, &bytes, vocab * width, KSide::Gemv).expect("repack");
+        let word =
+            |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        for tok in 0..vocab {
+            let nib_row = &p.nibbles[tok * width / 2..(tok + 1) * width / 2];
+            let rec_row = &p.side[tok * (width / 256) * 88..(tok + 1) * (width / 256) * 88];
+            for c in (0..width).step_by(4) {
+                let (g, e) = (c >> 5, c & 31);
+                let (j, half, t) = (g & 7, e >> 4, (e & 15) >> 2);
+                let rec = &rec_row[(c >> 8) * 88..(c >> 8) * 88 + 88];
+                let nib = word(nib_row, 16 * g + (e & 15));
+                let high = word(rec, 8 * j + 4 * half);
+                let sc = rec[64 + 2 * j + half] as i8;
+                let d = u16::from_le_bytes([rec[80], rec[81]]);
+                let ds = f16_to_f32(d) * sc as f32;
+                let lo = if half == 1 { nib >> 4 } else { nib };
+                let q = (lo & 0x0F0F_0F0F) | (((high >> (2 * t)) & 0x0303_0303) << 4);
+                for b in 0..4 {
+                    let v = ds * (((q >> (8 * b)) & 0xff) as i32 - 32) as f32;
+                    let want = deq[tok * width + c + b];
+                    assert_eq!(
+                        v.to_bits(),
+                        want.to_bits(),
+                        "row {tok} element {}: {v} vs {want}",
+                        c + b
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn planes_are_read_for_q6k_tables_only() {
+        let f = Embed;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let p = |t: GgmlType| {
+            Problem::Rows(crate::problem::RowsProblem {
+                rows: 3,
+                width: 2560,
+                dtype: t,
+                aux: 0,
+            })
+        };
+        let mut d = f.default_defines(GgmlType::Q6K);
+        d.insert("LAYOUT".into(), 1i64.into());
+        f.validate(&d, &p(GgmlType::Q6K), &lim)
+            .expect("Q6_K planes");
+        let mut d = f.default_defines(GgmlType::Q8_0);
+        d.insert("LAYOUT".into(), 1i64.into());
+        let e = f
+            .validate(&d, &p(GgmlType::Q8_0), &lim)
+            .expect_err("Q8_0 has no planes here");
+        assert!(e.contains("Q6_K plane repack"), "{e}");
     }
 }
