@@ -57,8 +57,8 @@
 #error "LAYOUT=1 (the plane repack) reads Q6_K tables"
 #endif
 
-// Bytes of a Q6_K GEMV side record (kquant.cuh's KQ6_REC).
-#define EMBED_Q6_REC 88
+// The plane layout and its decode are the k-quant GEMV's (kquant.cuh).
+#include "kquant.cuh"
 
 // The raw words of four values c .. c+3 (c % 4 == 0) of one row: its
 // nibble word, high-bit word, scale byte and d.
@@ -68,7 +68,7 @@ struct RawQ6 {
 
 DEVI RawQ6 q6p_ld4(const u8* nib_row, const u8* rec_row, int c) {
     const int g = c >> 5, e = c & 31, j = g & 7, half = e >> 4;
-    const u8* rec = rec_row + (u64)(c >> 8) * EMBED_Q6_REC;
+    const u8* rec = rec_row + (u64)(c >> 8) * KQ6_REC;
     RawQ6 r;
     r.nib = __ldg(reinterpret_cast<const u32*>(nib_row + 16 * g + (e & 15)));
     r.high = __ldg(reinterpret_cast<const u32*>(rec + 8 * j + 4 * half));
@@ -80,11 +80,10 @@ DEVI RawQ6 q6p_ld4(const u8* nib_row, const u8* rec_row, int c) {
 DEVI float4 q6p_deq4(const RawQ6& r, int c) {
     const int e = c & 31, t = (e & 15) >> 2;
     const float ds = h2f((u16)r.d) * (float)(i8)r.sc;
-    const u32 q = (((e >> 4) ? (r.nib >> 4) : r.nib) & 0x0F0F0F0Fu) | (((r.high >> (2 * t)) & 0x03030303u) << 4);
-    float v[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) v[b] = ds * (float)((int)((q >> (8 * b)) & 0xffu) - 32);
-    return make_float4(v[0], v[1], v[2], v[3]);
+    // Only the half's high word was loaded: kq_lo reads h[0], kq_hi h[1].
+    const u32 h[2] = {r.high, r.high};
+    const u32 q = (e >> 4) ? kq_hi(r.nib, h, t) : kq_lo(r.nib, h, t);
+    return make_float4(ds * kq_f6(q, 0), ds * kq_f6(q, 1), ds * kq_f6(q, 2), ds * kq_f6(q, 3));
 }
 
 DEVI float q6p_at(const u8* nib_row, const u8* rec_row, int c) {
@@ -106,7 +105,7 @@ embed(const int* __restrict__ tokens, const u8* __restrict__ table, const u8* __
     if (r >= rows || c >= width) return;
 #if LAYOUT == 1
     const u64 tok = (u64)tokens[r];
-    const float v = q6p_at(table + tok * (width / 2), side + tok * (width / 256) * EMBED_Q6_REC, c);
+    const float v = q6p_at(table + tok * (width / 2), side + tok * (width / 256) * KQ6_REC, c);
 #else
     (void)side;
     const float v = deq_at(table + (u64)tokens[r] * row_bytes(width), c);
@@ -130,7 +129,7 @@ embed(const int* __restrict__ tokens, const u8* __restrict__ table, const u8* __
     for (int k = 0; k < ROWS; ++k) {
         const u64 tok = (u64)__ldg(tokens + min(r0 + k, rows - 1));
         src[k] = table + tok * (width / 2);
-        rec[k] = side + tok * (width / 256) * EMBED_Q6_REC;
+        rec[k] = side + tok * (width / 256) * KQ6_REC;
     }
 #else
     (void)side;

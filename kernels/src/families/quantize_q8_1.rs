@@ -80,22 +80,19 @@ impl Family for QuantizeQ81 {
         let mut rng = rng_for(self.name(), &[mp.m, mp.k], seed);
         let x = random_matrix(&mut rng, mp.m, mp.k);
         let format = out_of(d).map_err(GpuError::Rejected)?;
-        if format == ActFormat::Q8Split {
-            return Ok(Box::new(SplitWorkload {
-                x: gpu.upload(&x)?,
-                out: gpu.alloc(format.bytes(mp.m, mp.k))?,
-                want: q8_split_records(&x),
-                xs: x,
-                geo: geo.clone(),
-            }));
-        }
-        let (q, ds) = q8_1_replay(&x);
+        let (want, ds) = match format {
+            ActFormat::Q8Split => (Want::Split(q8_split_records(&x)), gpu.alloc(16)?),
+            _ => {
+                let (q, ds) = q8_1_replay(&x);
+                (Want::Q8_1 { q, ds }, gpu.alloc(mp.m * mp.k / 32 * 8)?)
+            }
+        };
         Ok(Box::new(QuantWorkload {
             x: gpu.upload(&x)?,
-            q: gpu.alloc(mp.m * mp.k)?,
-            ds: gpu.alloc(mp.m * mp.k / 32 * 8)?,
-            want_q: q,
-            want_ds: ds,
+            q: gpu.alloc(format.bytes(mp.m, mp.k))?,
+            ds,
+            format,
+            want,
             xs: x,
             geo: geo.clone(),
         }))
@@ -111,14 +108,29 @@ fn out_of(d: &Defines) -> Result<ActFormat, String> {
     }
 }
 
+/// What the kernel must write: Q8_1 quants and (d, sum) pairs, or split
+/// records, bit for bit.
+enum Want {
+    Q8_1 { q: Vec<i8>, ds: Vec<[f32; 2]> },
+    Split(Vec<u8>),
+}
+
+/// One checked call in either format: `q` is the main plane (Q8_1 quants or
+/// split records), `ds` the Q8_1 scale plane (unread with Q8_SPLIT).
 struct QuantWorkload {
     x: DeviceBuffer,
     q: DeviceBuffer,
     ds: DeviceBuffer,
+    format: ActFormat,
+    want: Want,
     xs: Vec<f32>,
-    want_q: Vec<i8>,
-    want_ds: Vec<[f32; 2]>,
     geo: LaunchGeometry,
+}
+
+impl QuantWorkload {
+    fn q8_1(&self) -> bool {
+        matches!(self.want, Want::Q8_1 { .. })
+    }
 }
 
 impl Workload for QuantWorkload {
@@ -133,9 +145,13 @@ impl Workload for QuantWorkload {
     }
     fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
         let out = Act {
-            format: ActFormat::Q8_1,
+            format: self.format,
             data: self.q.ptr(),
-            scales: self.ds.ptr(),
+            scales: if self.q8_1() {
+                self.ds.ptr()
+            } else {
+                crate::bind::NULL
+            },
         };
         let args = Prepass::QuantizeQ8_1
             .kargs(self.x.ptr(), &out, 1, self.xs.len())
@@ -143,148 +159,88 @@ impl Workload for QuantWorkload {
         gpu.launch(m, &self.geo, &args)
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        poison(gpu, &[&self.q, &self.ds])
+        if self.q8_1() {
+            poison(gpu, &[&self.q, &self.ds])
+        } else {
+            poison(gpu, &[&self.q])
+        }
     }
     fn evaluate(&self, gpu: &Gpu, _c: Contract, _tol: &Tolerance) -> Result<CheckReport, GpuError> {
         let qw: Vec<u32> = gpu.download(&self.q)?;
-        let dsw: Vec<f32> = gpu.download(&self.ds)?;
-        let q: Vec<i8> = qw
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .map(|b| b as i8)
-            .collect();
-        let unwritten = qw.iter().filter(|&&w| w == POISON_BITS).count()
-            + dsw.iter().filter(|f| f.to_bits() == POISON_BITS).count();
-        let non_finite = dsw
-            .iter()
-            .filter(|f| !f.is_finite() && f.to_bits() != POISON_BITS)
-            .count();
-        let q_bad: Vec<usize> = (0..self.want_q.len())
-            .filter(|&i| q[i] != self.want_q[i])
-            .collect();
-        let ds_bad: Vec<usize> = (0..self.want_ds.len())
-            .filter(|&b| {
-                dsw[2 * b].to_bits() != self.want_ds[b][0].to_bits()
-                    || dsw[2 * b + 1].to_bits() != self.want_ds[b][1].to_bits()
-            })
-            .collect();
-        // Informative: how far the dequantized GPU output is from x.
-        let (mut e2, mut r2, mut max_abs, mut max_rel) = (0f64, 0f64, 0f64, 0f64);
-        for (i, &xv) in self.xs.iter().enumerate() {
-            let deq = q[i] as f64 * dsw[2 * (i / 32)] as f64;
-            let e = (deq - xv as f64).abs();
-            if e.is_finite() {
-                e2 += e * e;
-                max_abs = max_abs.max(e);
-                max_rel = max_rel.max(e / (xv.abs() as f64).max(1e-30));
-            }
-            r2 += (xv as f64) * (xv as f64);
-        }
+        let mut unwritten = qw.iter().filter(|&&w| w == POISON_BITS).count();
         let mut detail = Vec::new();
-        if let Some(&i) = q_bad.first() {
-            detail.push(format!(
-                "{} quants differ (first at {i}: got {} want {})",
-                q_bad.len(),
-                q[i],
-                self.want_q[i]
-            ));
-        }
-        if let Some(&b) = ds_bad.first() {
-            detail.push(format!(
-                "{} (d, sum) pairs differ (first at block {b}: got ({}, {}) want ({}, {}))",
-                ds_bad.len(),
-                dsw[2 * b],
-                dsw[2 * b + 1],
-                self.want_ds[b][0],
-                self.want_ds[b][1]
-            ));
-        }
-        if unwritten > 0 {
-            detail.push(format!("{unwritten} output words unwritten"));
-        }
-        Ok(CheckReport {
-            passed: detail.is_empty(),
-            rms_rel: (e2 / r2.max(f64::MIN_POSITIVE)).sqrt(),
-            max_rel,
-            max_abs,
-            outliers: q_bad.len() + ds_bad.len(),
-            replay_rms_rel: Some(if q_bad.is_empty() && ds_bad.is_empty() {
-                0.0
-            } else {
-                1.0
-            }),
-            unwritten,
-            non_finite,
-            detail: if detail.is_empty() {
-                format!(
+        // The dequantized GPU output (informative: how far it is from x),
+        // the differing quants / pairs / records, and the ok message.
+        let (vals, outliers, non_finite, ok) = match &self.want {
+            Want::Q8_1 {
+                q: want_q,
+                ds: want_ds,
+            } => {
+                let dsw: Vec<f32> = gpu.download(&self.ds)?;
+                let q: Vec<i8> = qw
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .map(|b| b as i8)
+                    .collect();
+                unwritten += dsw.iter().filter(|f| f.to_bits() == POISON_BITS).count();
+                let non_finite = dsw
+                    .iter()
+                    .filter(|f| !f.is_finite() && f.to_bits() != POISON_BITS)
+                    .count();
+                let q_bad: Vec<usize> = (0..want_q.len()).filter(|&i| q[i] != want_q[i]).collect();
+                let ds_bad: Vec<usize> = (0..want_ds.len())
+                    .filter(|&b| {
+                        dsw[2 * b].to_bits() != want_ds[b][0].to_bits()
+                            || dsw[2 * b + 1].to_bits() != want_ds[b][1].to_bits()
+                    })
+                    .collect();
+                if let Some(&i) = q_bad.first() {
+                    detail.push(format!(
+                        "{} quants differ (first at {i}: got {} want {})",
+                        q_bad.len(),
+                        q[i],
+                        want_q[i]
+                    ));
+                }
+                if let Some(&b) = ds_bad.first() {
+                    detail.push(format!(
+                        "{} (d, sum) pairs differ (first at block {b}: got ({}, {}) want ({}, {}))",
+                        ds_bad.len(),
+                        dsw[2 * b],
+                        dsw[2 * b + 1],
+                        want_ds[b][0],
+                        want_ds[b][1]
+                    ));
+                }
+                let vals: Vec<f64> = (0..self.xs.len())
+                    .map(|i| q[i] as f64 * dsw[2 * (i / 32)] as f64)
+                    .collect();
+                let ok = format!(
                     "ok: {} quants and {} (d, sum) pairs bit-identical",
                     q.len(),
-                    self.want_ds.len()
-                )
-            } else {
-                detail.join("; ")
-            },
-        })
-    }
-    fn raw_output(&self, gpu: &Gpu) -> Result<Vec<u32>, GpuError> {
-        let mut v: Vec<u32> = gpu.download(&self.q)?;
-        v.extend(gpu.download::<u32>(&self.ds)?);
-        Ok(v)
-    }
-    fn bytes_per_call(&self) -> u64 {
-        let e = self.xs.len() as u64;
-        4 * e + e + e / 32 * 8
-    }
-    fn ops_per_call(&self) -> u64 {
-        self.xs.len() as u64
-    }
-    fn op_kind(&self) -> OpKind {
-        OpKind::Flop
-    }
-}
-
-/// OUT=Q8_SPLIT: the records of `q8_split_records`, byte for byte.
-struct SplitWorkload {
-    x: DeviceBuffer,
-    out: DeviceBuffer,
-    xs: Vec<f32>,
-    want: Vec<u8>,
-    geo: LaunchGeometry,
-}
-
-impl Workload for SplitWorkload {
-    fn weight_bytes(&self) -> u64 {
-        0
-    }
-    fn set_weight_copies(&mut self, _gpu: &Gpu, _n: usize) -> Result<(), GpuError> {
-        Ok(())
-    }
-    fn weight_copies(&self) -> usize {
-        1
-    }
-    fn launch(&self, gpu: &Gpu, m: &Module, _copy: usize) -> Result<(), GpuError> {
-        let out = Act {
-            format: ActFormat::Q8Split,
-            data: self.out.ptr(),
-            scales: crate::bind::NULL,
+                    want_ds.len()
+                );
+                (vals, q_bad.len() + ds_bad.len(), non_finite, ok)
+            }
+            Want::Split(want) => {
+                let got: Vec<u8> = qw.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let rec = super::Q8_SPLIT_RECORD;
+                let groups = want.len() / rec;
+                let bad: Vec<usize> = (0..groups)
+                    .filter(|&g| got[g * rec..(g + 1) * rec] != want[g * rec..(g + 1) * rec])
+                    .collect();
+                if let Some(&g) = bad.first() {
+                    detail.push(format!(
+                        "{} of {groups} split records differ (first: group {g})",
+                        bad.len()
+                    ));
+                }
+                let vals = super::q8_split_values(&got, self.xs.len());
+                let non_finite = vals.iter().filter(|v| !v.is_finite()).count();
+                let ok = format!("ok: {groups} split records bit-identical");
+                (vals, bad.len(), non_finite, ok)
+            }
         };
-        let args = Prepass::QuantizeQ8_1
-            .kargs(self.x.ptr(), &out, 1, self.xs.len())
-            .ok_or_else(|| GpuError::Other("quantize_q8_1 has no pre-pass arguments".into()))?;
-        gpu.launch(m, &self.geo, &args)
-    }
-    fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        poison(gpu, &[&self.out])
-    }
-    fn evaluate(&self, gpu: &Gpu, _c: Contract, _tol: &Tolerance) -> Result<CheckReport, GpuError> {
-        let words: Vec<u32> = gpu.download(&self.out)?;
-        let got: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let rec = super::Q8_SPLIT_RECORD;
-        let unwritten = words.iter().filter(|&&w| w == POISON_BITS).count();
-        let bad: Vec<usize> = (0..self.want.len() / rec)
-            .filter(|&g| got[g * rec..(g + 1) * rec] != self.want[g * rec..(g + 1) * rec])
-            .collect();
-        let vals = super::q8_split_values(&got, self.xs.len());
         let (mut e2, mut r2, mut max_abs, mut max_rel) = (0f64, 0f64, 0f64, 0f64);
         for (&v, &xv) in vals.iter().zip(&self.xs) {
             let e = (v - xv as f64).abs();
@@ -295,15 +251,6 @@ impl Workload for SplitWorkload {
             }
             r2 += (xv as f64) * (xv as f64);
         }
-        let non_finite = vals.iter().filter(|v| !v.is_finite()).count();
-        let mut detail = Vec::new();
-        if let Some(&g) = bad.first() {
-            detail.push(format!(
-                "{} of {} split records differ (first: group {g})",
-                bad.len(),
-                self.want.len() / rec
-            ));
-        }
         if unwritten > 0 {
             detail.push(format!("{unwritten} output words unwritten"));
         }
@@ -312,23 +259,28 @@ impl Workload for SplitWorkload {
             rms_rel: (e2 / r2.max(f64::MIN_POSITIVE)).sqrt(),
             max_rel,
             max_abs,
-            outliers: bad.len(),
-            replay_rms_rel: Some(if bad.is_empty() { 0.0 } else { 1.0 }),
+            outliers,
+            replay_rms_rel: Some(if outliers == 0 { 0.0 } else { 1.0 }),
             unwritten,
             non_finite,
             detail: if detail.is_empty() {
-                format!("ok: {} split records bit-identical", self.want.len() / rec)
+                ok
             } else {
                 detail.join("; ")
             },
         })
     }
     fn raw_output(&self, gpu: &Gpu) -> Result<Vec<u32>, GpuError> {
-        gpu.download(&self.out)
+        let mut v: Vec<u32> = gpu.download(&self.q)?;
+        if self.q8_1() {
+            v.extend(gpu.download::<u32>(&self.ds)?);
+        }
+        Ok(v)
     }
     fn bytes_per_call(&self) -> u64 {
         let e = self.xs.len() as u64;
-        4 * e + e / 32 * super::Q8_SPLIT_RECORD as u64
+        let scales = if self.q8_1() { e / 32 * 8 } else { 0 };
+        4 * e + self.format.bytes(1, self.xs.len()) as u64 + scales
     }
     fn ops_per_call(&self) -> u64 {
         self.xs.len() as u64
