@@ -357,6 +357,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../variants/profiles/q6k-head.toml"),
     ),
     (
+        "q8-head",
+        include_str!("../../variants/profiles/q8-head.toml"),
+    ),
+    (
         "kq-split",
         include_str!("../../variants/profiles/kq-split.toml"),
     ),

@@ -24,15 +24,19 @@
 //!   mixes' Q|K|V groups of two types run as one launch per type; an F32
 //!   model is refused by `strict` and its conversions named under `main`.
 
-use gemtune_engine::cpu::{CpuEngine, CpuOptions};
+#[path = "common/engines.rs"]
+mod engines;
+
+use engines::{
+    agreement, compare_engines, compare_engines_with, cpu, cuda, cuda_with, prompt, rms_rel,
+};
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
 use gemtune_engine::engine::Engine;
-use gemtune_engine::forward::{LogitRows, Logits};
+use gemtune_engine::forward::LogitRows;
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
 use gemtune_engine::profile::Profile;
 use gemtune_engine::synth::{self, SynthModel, SynthOptions, SynthVariant, WeightType};
-use rand::{Rng, SeedableRng};
 
 fn tiny() -> Model {
     let f = synth::builtin_tiny().expect("tiny model");
@@ -63,125 +67,6 @@ fn tiny_q4_0_q6k_embedding() -> Model {
         .and_then(|s| s.write_to_vec())
         .expect("synth tiny q4_0");
     Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-q4_0-d256").expect("gguf")).expect("load")
-}
-
-fn prompt(model: &Model, n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let v = model.vocab_size() as u32;
-    (0..n)
-        .map(|_| rng.random_range(256.min(v - 1)..v))
-        .collect()
-}
-
-fn cuda<'m>(
-    model: &'m Model,
-    profile: &str,
-    max_seq: usize,
-    ubatch: usize,
-    graph: bool,
-) -> CudaEngine<'m> {
-    let p = Profile::load(profile).expect("profile");
-    cuda_with(model, p, max_seq, ubatch, graph)
-}
-
-fn cuda_with(
-    model: &Model,
-    profile: Profile,
-    max_seq: usize,
-    ubatch: usize,
-    graph: bool,
-) -> CudaEngine<'_> {
-    let mut o = CudaOptions::new(profile);
-    o.max_seq = max_seq;
-    o.ubatch = ubatch;
-    o.graph = graph;
-    CudaEngine::new(model, o)
-        .unwrap_or_else(|e| panic!("this test needs a CUDA GPU and NVRTC: {e}"))
-}
-
-fn cpu(model: &Model, max_seq: usize) -> CpuEngine<'_> {
-    CpuEngine::new(
-        model,
-        CpuOptions {
-            max_seq,
-            max_batch: 64,
-            ..Default::default()
-        },
-    )
-    .expect("cpu engine")
-}
-
-/// ||a - b|| / ||b|| over one row.
-fn rms_rel(a: &[f32], b: &[f32]) -> f64 {
-    let (mut e, mut r) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        e += (*x as f64 - *y as f64).powi(2);
-        r += (*y as f64).powi(2);
-    }
-    (e / r.max(1e-30)).sqrt()
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i)
-        .unwrap_or(0)
-}
-
-struct Agreement {
-    worst_rms: f64,
-    top1: f64,
-}
-
-fn agreement(gpu: &Logits, cpu: &Logits) -> Agreement {
-    assert_eq!(gpu.positions, cpu.positions);
-    let mut worst: f64 = 0.0;
-    let mut same = 0;
-    for i in 0..gpu.n_rows() {
-        worst = worst.max(rms_rel(gpu.row(i), cpu.row(i)));
-        same += (argmax(gpu.row(i)) == argmax(cpu.row(i))) as usize;
-    }
-    Agreement {
-        worst_rms: worst,
-        top1: same as f64 / gpu.n_rows().max(1) as f64,
-    }
-}
-
-/// Prefill of `n_prefill` tokens (all rows) then decode steps to 256
-/// positions, on both engines; returns the agreement of every row.
-fn compare_engines(model: &Model, profile: &str, n_prefill: usize, ubatch: usize) -> Agreement {
-    let p = Profile::load(profile).expect("profile");
-    compare_engines_with(model, p, n_prefill, ubatch)
-}
-
-fn compare_engines_with(
-    model: &Model,
-    profile: Profile,
-    n_prefill: usize,
-    ubatch: usize,
-) -> Agreement {
-    let total = 256;
-    let toks = prompt(model, total, 11);
-    let mut c = cpu(model, total);
-    let mut g = cuda_with(model, profile, total, ubatch, true);
-    let lc = c
-        .forward(&toks[..n_prefill], LogitRows::All)
-        .expect("cpu prefill");
-    let lg = g
-        .forward(&toks[..n_prefill], LogitRows::All)
-        .expect("gpu prefill");
-    let mut a = agreement(&lg, &lc);
-    let mut same = (a.top1 * n_prefill as f64).round() as usize;
-    for &t in &toks[n_prefill..] {
-        let lc = c.forward(&[t], LogitRows::Last).expect("cpu decode");
-        let lg = g.forward(&[t], LogitRows::Last).expect("gpu decode");
-        let s = agreement(&lg, &lc);
-        a.worst_rms = a.worst_rms.max(s.worst_rms);
-        same += s.top1 as usize;
-    }
-    a.top1 = same as f64 / total as f64;
-    a
 }
 
 #[test]
@@ -506,7 +391,7 @@ const NATIVE_TYPES: [WeightType; 5] = [
 /// plus the layouts' overhead (`bound` times the file's bytes at most).
 fn assert_native_upload(e: &CudaEngine<'_>, what: &str, bound: f64) {
     assert!(
-        e.conversions().iter().all(|c| asked_head_conversion(c)),
+        e.conversions().is_empty(),
         "{what}: converted at load: {:?}",
         e.conversions()
     );
@@ -517,13 +402,6 @@ fn assert_native_upload(e: &CudaEngine<'_>, what: &str, bound: f64) {
         e.file_weight_bytes()
     );
     assert!(ratio <= bound, "{what}: {ratio:.4}x the file's bytes");
-}
-
-/// The one conversion a profile may ask for: main's Q6_K tied head read
-/// from Q8_0 planes (`head_convert`).
-fn asked_head_conversion(c: &str) -> bool {
-    c.starts_with("token_embd (head) (q6_K) -> q8_0 planes")
-        && c.ends_with("asks for it (head_convert)")
 }
 
 /// `strict` on every native type: fp-contract kernels over the weights'
@@ -559,9 +437,11 @@ fn main_agrees_on_every_native_type() {
     for w in NATIVE_TYPES {
         let m = tiny_native(w);
         let what = format!("tiny {} main", w.name());
-        // main also uploads the prefill GEMMs' side words (k-quants) and
-        // the head's own Q6_K planes.
-        assert_native_upload(&cuda(&m, "main", 256, 128, true), &what, 2.0);
+        // main keeps one scale plane per matrix (the prefill GEMMs'
+        // is expanded per launch) and one copy of a Q6_K table, the
+        // head's plane repack that the gather reads: within 5 % of the
+        // file (issue bar), Q6_K's record padding (216/210) the most.
+        assert_native_upload(&cuda(&m, "main", 256, 128, true), &what, 1.05);
         let a = compare_engines(&m, "main", 200, 128);
         eprintln!(
             "{what}: worst rms_rel {:.3e}, top-1 {:.4}",
@@ -601,11 +481,7 @@ fn mixed_qkv_groups_run_in_their_own_types() {
         "no Q6_K Q|K|V run in\n{}",
         lines.join("\n")
     );
-    assert!(
-        e.conversions().iter().all(|c| asked_head_conversion(c)),
-        "{:?}",
-        e.conversions()
-    );
+    assert!(e.conversions().is_empty(), "{:?}", e.conversions());
 }
 
 /// An F32 model under `strict`: no matmul kernel reads f32 weights, so the

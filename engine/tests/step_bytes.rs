@@ -213,29 +213,23 @@ fn e4b_step_bytes_equal_the_tensor_list_sum() {
         KvType::F16,
         HEAD_Q8_0,
     );
-    // Q4_0 files store the tied embedding as Q6_K: main asks for the head
-    // as Q8_0 planes (`head_convert`), `head_convert = "none"` reads its
-    // own Q6_K plane repack, q6k-head reads the table's blocks.
+    // Q4_0 files store the tied embedding as Q6_K: main reads the head
+    // from its own Q6_K plane repack (which the gather shares), q8-head
+    // converts it to Q8_0 planes (`head_convert`), q6k-head reads the
+    // table's blocks.
     check(
         SynthVariant::E4b,
         WeightType::Q4_0,
         "main",
         KvType::F16,
-        HEAD_Q8_0,
+        HEAD_Q6K_PLANES,
     );
-    let d = tempfile::tempdir().expect("tempdir");
-    let own = d.path().join("q6k-planes.toml");
-    std::fs::write(
-        &own,
-        "name = \"q6k-planes\"\nbase = \"main\"\nhead_convert = \"none\"\n",
-    )
-    .expect("write profile");
     check(
         SynthVariant::E4b,
         WeightType::Q4_0,
-        own.to_str().expect("utf-8 path"),
+        "q8-head",
         KvType::F16,
-        HEAD_Q6K_PLANES,
+        HEAD_Q8_0,
     );
     check(
         SynthVariant::E4b,

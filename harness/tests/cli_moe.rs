@@ -1,5 +1,6 @@
 //! The mixture-of-experts model through the built binary: `synth tiny-moe`,
-//! `info` with the active parameters per token, `run` on the CPU engine,
+//! `info` with the active parameters per token and the CUDA engine's
+//! planned device bytes, `run` on the CPU engine,
 //! and malformed expert tensors or keys refused with exit 4 and a message
 //! naming the file and the item (no panic).
 
@@ -76,13 +77,17 @@ fn synth_info_and_cpu_run_of_tiny_moe() {
         "{line}\n(want {active})"
     );
     assert!(line.ends_with("2 of 6 experts, expert FFN 96"), "{line}");
-    // The CUDA engine names what it cannot run yet.
-    assert!(
-        s.contains(
-            "cannot plan: CUDA engine: the mixture-of-experts FFN (6 experts, top-2, expert FFN 96) has no CUDA stages yet"
-        ),
-        "{s}"
-    );
+    // The CUDA engine plans the expert block: every expert stack and the
+    // router counted on the device, nothing converted (Q8_0 experts, F32
+    // router, both read as stored).
+    for profile in ["main  ", "strict"] {
+        let line = s
+            .lines()
+            .find(|l| l.starts_with(&format!("cuda weights  {profile} (sm_90): ")))
+            .unwrap_or_else(|| panic!("no cuda weights line for {profile} in\n{s}"));
+        assert!(line.ends_with(", 0 lossy conversion(s)"), "{line}");
+    }
+    assert!(!s.contains("cannot plan"), "{s}");
 
     let out = gemtune(&["run", "-m", ps, "-p", "hi", "-n", "4", "--backend", "cpu"]);
     assert_eq!(out.status.code(), Some(0), "{}", log(&out));

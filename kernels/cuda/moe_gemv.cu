@@ -112,7 +112,7 @@ DEVI u64 row_bytes(int k) {
 #elif WTYPE == Q4_0
     return (u64)k / 2 + (u64)k / 32 * 2;
 #else
-    return (u64)k / 2 + (u64)k / 256 * (WTYPE == Q4_K ? 16 : WTYPE == Q5_K ? 48 : 96);
+    return (u64)k / 2 + (u64)k / 256 * (WTYPE == Q4_K ? 16 : WTYPE == Q5_K ? 48 : KQ6_REC);
 #endif
 }
 

@@ -40,7 +40,13 @@
 // between launches or graph replays; one counter per concurrently running
 // launch.
 //
-// Grid: 1-D, grid.x = ceil(E / ROWS), block = WARPS*32 threads. A block owns
+// Groups: grid.y = G runs G groups of NT tokens in one launch (a prefill
+// chunk): group g reads z rows g*NT .. g*NT + NT - 1, writes its logits,
+// ids and weights at those rows, and takes its tickets on counter[g] (G
+// counters, zero before the first launch and left zero). grid.y = 1 is the
+// decode step.
+//
+// Grid: grid.x = ceil(E / ROWS), block = WARPS*32 threads. A block owns
 // ROWS experts; its WARPS warps split d (warp w takes chunks w*32+lane,
 // stepping WARPS*32), shuffles reduce each warp and warp 0 adds the warps'
 // sums in warp order. Every block writes its logits, fences, and takes a
@@ -267,6 +273,13 @@ DEVI void moe_route_body(const u8* __restrict__ w, const float* __restrict__ z, 
                          u32* __restrict__ counter, int d, int n_experts, int n_used) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * ROWS;
+    // This block's group of NT tokens (grid.y groups per launch).
+    const u64 g = blockIdx.y;
+    z += g * NT * d;
+    logits += g * NT * n_experts;
+    ids += g * NT * n_used;
+    weights += g * NT * n_used;
+    counter += g;
     float acc[ROWS][NT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)

@@ -205,3 +205,71 @@ impl Sizes {
         .sum()
     }
 }
+
+/// The MoE block's buffers, sized for chunks of `rows` rows.
+pub struct MoeBuffers {
+    /// f1, then f1 + f2: f32 `[rows][d]`, the addend `layer_end` reads.
+    pub sum: DeviceBuffer,
+    /// The router input, f32 `[rows][d]`.
+    pub z: DeviceBuffer,
+    /// The experts' input `a2`, f32 `[rows][d]`.
+    pub a2: DeviceBuffer,
+    /// The experts' weighted sum, f32 `[rows][d]`.
+    pub e: DeviceBuffer,
+    /// Router logits, f32 `[rows][E]`.
+    pub logits: DeviceBuffer,
+    /// Each row's chosen experts and weights, i32 / f32 `[rows][K]`.
+    pub ids: DeviceBuffer,
+    pub weights: DeviceBuffer,
+    /// `gelu(gate x) * up x` of a group's (row, slot) pairs, f32
+    /// `[8 * K][ffn]`.
+    pub h: DeviceBuffer,
+    /// `moe_route`'s completion counters, one per group of 8 rows (zero
+    /// between launches).
+    pub counter: DeviceBuffer,
+}
+
+/// Byte sizes of `MoeBuffers` for `rows` rows.
+fn sizes(cfg: &Gemma4Config, rows: usize) -> Option<[usize; 9]> {
+    let m = cfg.moe.as_ref()?;
+    let (d, e, k, fe) = (cfg.d_model, m.n_experts, m.n_experts_used, m.expert_ffn_dim);
+    let rows = rows.max(1);
+    let g = super::slots::GEMV_MAX_ROWS;
+    Some([
+        4 * rows * d,
+        4 * rows * d,
+        4 * rows * d,
+        4 * rows * d,
+        4 * rows * e,
+        4 * rows * k,
+        4 * rows * k,
+        4 * g * k * fe,
+        4 * (rows / g + 1),
+    ])
+}
+
+impl MoeBuffers {
+    /// The buffers of a MoE model (`None` for a dense one).
+    pub fn new(gpu: &Gpu, cfg: &Gemma4Config, rows: usize) -> Result<Option<MoeBuffers>, GpuError> {
+        let Some(s) = sizes(cfg, rows) else {
+            return Ok(None);
+        };
+        let a = |n: usize| gpu.alloc(n);
+        Ok(Some(MoeBuffers {
+            sum: a(s[0])?,
+            z: a(s[1])?,
+            a2: a(s[2])?,
+            e: a(s[3])?,
+            logits: a(s[4])?,
+            ids: a(s[5])?,
+            weights: a(s[6])?,
+            h: a(s[7])?,
+            counter: gpu.upload(&vec![0u32; s[8] / 4])?,
+        }))
+    }
+
+    /// Bytes `new` allocates (the fit check).
+    pub fn bytes_for(cfg: &Gemma4Config, rows: usize) -> u64 {
+        sizes(cfg, rows).map_or(0, |s| s.iter().map(|&b| b as u64).sum())
+    }
+}

@@ -11,6 +11,7 @@ use gemtune_kernels::family::KvType;
 use gemtune_kernels::gpu::{Gpu, GpuError};
 use gemtune_kernels::runtime::{Graph, Kernel, KernelCache, PinnedBuf};
 
+use super::buffers::MoeBuffers;
 use super::buffers::{self, Buffers, Scratch};
 use super::forward_plan::{attn_scratch_bytes, BucketPlan, ForwardPlan, LoadedKernels, Sizing};
 use super::kv_cache::KvCache;
@@ -89,6 +90,8 @@ pub struct CudaEngine<'m> {
     pub(super) w: DeviceWeights,
     pub(super) kv: KvCache,
     pub(super) b: Buffers,
+    /// The expert block's buffers (MoE models).
+    pub(super) moe_buffers: Option<MoeBuffers>,
     pub(super) pos: usize,
     pub(super) use_graph: bool,
     pub(super) graph: Option<Graph>,
@@ -182,6 +185,7 @@ impl<'m> CudaEngine<'m> {
         let need = super::model_dims::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
+            + MoeBuffers::bytes_for(cfg, sizing.ubatch)
             + DRIVER_MARGIN;
         let (free, total) = gpu.mem_info().map_err(dev)?;
         if need > free as u64 {
@@ -195,6 +199,7 @@ impl<'m> CudaEngine<'m> {
         let w = weights::upload(&gpu, model, &plan.layouts).map_err(dev)?;
         let kv = KvCache::new(&gpu, cfg, &sizing).map_err(dev)?;
         let b = Buffers::new(&gpu, cfg, model.vocab_size(), sizing.ubatch, scratch).map_err(dev)?;
+        let moe_buffers = MoeBuffers::new(&gpu, cfg, sizing.ubatch).map_err(dev)?;
         let staging_i32 = PinnedBuf::new(&gpu, sizing.ubatch + 4).map_err(dev)?;
         let staging_logits =
             PinnedBuf::new(&gpu, buffers::HEAD_ROWS * model.vocab_size()).map_err(dev)?;
@@ -218,6 +223,7 @@ impl<'m> CudaEngine<'m> {
             w,
             kv,
             b,
+            moe_buffers,
             pos: 0,
             use_graph: opts.graph,
             graph: None,

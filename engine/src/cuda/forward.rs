@@ -146,6 +146,7 @@ impl CudaEngine<'_> {
         }
         self.attn_residual(k, lp, l, rows)?;
         self.ffn_block(k, lp, l, rows)?;
+        self.moe_block(k, lp, l, rows)?;
         self.ple_injection(k, lp, l, rows)?;
         self.layer_end(k, lp, l, rows, next)?;
         if self.trace.borrow().is_some() {

@@ -28,18 +28,21 @@
 use std::collections::{BTreeSet, HashMap};
 
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass};
+use gemtune_kernels::bind::moe::expert_binding;
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::defines::{canonical, DefineValue};
 use gemtune_kernels::families::scale_expand;
-use gemtune_kernels::family::{AttnProblem, KvType, LaunchGeometry, Problem, RowsProblem, WType};
+use gemtune_kernels::family::{
+    AttnProblem, KvType, LaunchGeometry, MoeProblem, Problem, RowsProblem, WType,
+};
 use gemtune_kernels::gpu::{Gpu, GpuError};
 use gemtune_kernels::quant::GgmlType;
 use gemtune_kernels::runtime::{Kernel, KernelCache};
 
-use super::model_dims::{MatDim, ModelDims};
+use super::model_dims::{MatDim, ModelDims, MoeDims};
 use super::planner::{Decision, PlanError, Planner, Resolution, GEMV_BLOCK};
 use super::slots::{Proj, Slot, GEMV_MAX_ROWS};
-use super::weights::{self, ProjLayouts, PLANES_F16, PLANES_F32};
+use super::weights::{self, Layouts, ProjLayouts, PLANES_F16, PLANES_F32};
 use crate::config::{AttnKind, Gemma4Config};
 use crate::work::RowWork;
 
@@ -257,6 +260,9 @@ pub struct LayerPlan {
     pub gelu: Option<LaunchId>,
     pub down: MatmulPlan,
     pub ple: Option<PleLayerPlan>,
+    /// The expert block of a MoE layer (after the dense FFN above, which
+    /// is its shared MLP).
+    pub moe: Option<MoePlan>,
     /// The layer's last residual add (the FFN's, or the PLE's) times the
     /// layer scalar, then the next layer's input norm in its `qkv` format.
     pub end_with_next_norm: Option<LaunchId>,
@@ -304,14 +310,18 @@ pub struct BucketPlan {
 
 /// Adds the layouts projection `m`'s launches read. A kernel whose scale
 /// plane is expanded per launch reads the GEMV layout's quant and scale
-/// planes (the expansion's input), not a resident f32 plane.
+/// planes (the expansion's input), not a resident f32 plane. F16/BF16
+/// values are the same bytes in every planes layout (they have no scale
+/// plane), so they count as the GEMV's: a 16-bit matrix must not make the
+/// quantized matrices of its projection group upload a second scale plane.
 fn add_layouts(lay: &mut ProjLayouts, m: &MatmulPlan) {
     let l = lay.get_mut(m.proj);
     if matches!(m.exec, MatmulExec::Vendor { .. }) {
         l.bf16 = true;
     }
+    let w16 = WType::of(m.dim.2).is_some_and(|t| t.is_16bit());
     for b in m.bindings() {
-        if m.scales.is_some() && b.layout == PLANES_F32 {
+        if (m.scales.is_some() || w16) && b.layout == PLANES_F32 {
             l.add(PLANES_F16);
         } else {
             l.add(b.layout);
@@ -678,6 +688,13 @@ impl Builder<'_> {
         self.current.clear();
         let cfg = self.cfg;
         let d = cfg.d_model;
+        // The gather reads the head's Q6_K planes when they are the table's
+        // one copy (`model_dims::embed_on_head_planes`).
+        let embed_layout = if dims.embd_on_head {
+            vec![("LAYOUT", DefineValue::Int(1))]
+        } else {
+            vec![]
+        };
         let embed = self.push(
             Slot::Embed,
             Problem::Rows(RowsProblem {
@@ -686,7 +703,7 @@ impl Builder<'_> {
                 dtype: dims.embd_type,
                 aux: 0,
             }),
-            vec![],
+            embed_layout,
             GridRule::Rows,
         )?;
         let per_layer_inputs = match (dims.ple_model_proj, dims.ple_type) {
@@ -765,6 +782,7 @@ impl Builder<'_> {
                     GridRule::Rows,
                 )?)
             };
+            let moe = ld.moe.as_ref().map(|m| self.moe(m, r)).transpose()?;
             let end_bound = norm_bound(ActFormat::F32, true, false);
             let ple = match ld.ple {
                 Some((g, p)) => {
@@ -818,6 +836,7 @@ impl Builder<'_> {
                 gelu,
                 down,
                 ple,
+                moe,
                 end_with_next_norm,
                 end,
             });
@@ -858,16 +877,150 @@ impl Builder<'_> {
     }
 }
 
-/// Refuses a model with a feature the CUDA stages do not implement: the
-/// mixture-of-experts FFN (26B-A4B) has no router, expert GEMV or grouped
-/// GEMM stages yet, and running its layers as dense ones would be wrong.
+// The mixture-of-experts block's launches (the stage: `cuda::moe`).
+
+/// Most rows one router / expert launch serves (`moe_route`, `moe_gemv`).
+pub const MOE_GROUP_ROWS: usize = GEMV_MAX_ROWS;
+
+/// The router and expert launches of a group of `rows` rows.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeGroupPlan {
+    pub rows: usize,
+    pub route: LaunchId,
+    pub gate_up: LaunchId,
+    pub down: LaunchId,
+}
+
+/// A MoE layer's expert block at a bucket's rows.
+#[derive(Clone, Debug)]
+pub struct MoePlan {
+    /// `rmsnorm(src) * w -> dst` in f32 (f1, the router input, a2).
+    pub norm: LaunchId,
+    /// `dst += rmsnorm(src) * w` (f1 + f2).
+    pub norm_add: LaunchId,
+    /// The group launches, one per group size a chunk of the bucket's rows
+    /// is cut into (a decode bucket: its own row count; a prefill bucket:
+    /// 8 and every remainder).
+    pub groups: Vec<MoeGroupPlan>,
+    /// The layouts the expert stacks are read in.
+    pub gate_up_layout: Layouts,
+    pub down_layout: Layouts,
+}
+
+impl MoePlan {
+    /// The launches of a group of `rows` rows.
+    pub fn group(&self, rows: usize) -> Option<&MoeGroupPlan> {
+        self.groups.iter().find(|g| g.rows == rows)
+    }
+}
+
+/// The group sizes a chunk of at most `r` rows is cut into.
+fn group_sizes(r: usize) -> Vec<usize> {
+    if r <= MOE_GROUP_ROWS {
+        vec![r]
+    } else {
+        (1..=MOE_GROUP_ROWS).collect()
+    }
+}
+
+fn stage(s: &str) -> Vec<(&'static str, DefineValue)> {
+    vec![("STAGE", DefineValue::Str(s.into()))]
+}
+
+impl Builder<'_> {
+    /// The expert block of a MoE layer of shapes `m` at `r` rows.
+    fn moe(&mut self, m: &MoeDims, r: usize) -> Result<MoePlan, PlanError> {
+        let d = self.cfg.d_model;
+        let f32_out = vec![
+            ("OUT", DefineValue::Str(ActFormat::F32.define().into())),
+            ("ADD", DefineValue::Int(0)),
+            ("NORM_OUT", DefineValue::Int(1)),
+        ];
+        let add_only = vec![
+            ("OUT", DefineValue::Str(ActFormat::F32.define().into())),
+            ("ADD", DefineValue::Int(1)),
+            ("NORM_OUT", DefineValue::Int(0)),
+        ];
+        let norm = self.push(Slot::RmsNorm, rows_problem(r, d), f32_out, GridRule::Rows)?;
+        let norm_add = self.push(Slot::RmsNorm, rows_problem(r, d), add_only, GridRule::Rows)?;
+        let problem = |rows: usize, wtype| {
+            Problem::Moe(MoeProblem {
+                tokens: rows,
+                d_model: d,
+                ffn: m.ffn,
+                experts: m.n_experts,
+                used: m.n_used,
+                wtype,
+            })
+        };
+        let mut groups = Vec::new();
+        let (mut gate_up_layout, mut down_layout) = (Layouts::default(), Layouts::default());
+        for n in group_sizes(r) {
+            let route = self.push(
+                Slot::MoeRoute,
+                problem(n, m.router.2),
+                vec![],
+                GridRule::Fixed,
+            )?;
+            let gate_up = self.push(
+                Slot::MoeGateUp,
+                problem(n, m.gate_up.2),
+                stage("GATE_UP"),
+                GridRule::Fixed,
+            )?;
+            let down = self.push(
+                Slot::MoeDown,
+                problem(n, m.down.2),
+                stage("DOWN"),
+                GridRule::Fixed,
+            )?;
+            for (id, lay) in [(gate_up, &mut gate_up_layout), (down, &mut down_layout)] {
+                let l = &self.launches[id];
+                let b = expert_binding(&l.res.defines).map_err(|e| PlanError::slot(l.slot, e))?;
+                lay.add(b.layout);
+            }
+            groups.push(MoeGroupPlan {
+                rows: n,
+                route,
+                gate_up,
+                down,
+            });
+        }
+        for (lay, slot) in [
+            (gate_up_layout, Slot::MoeGateUp),
+            (down_layout, Slot::MoeDown),
+        ] {
+            if lay.count() > 1 {
+                return Err(PlanError::slot(
+                    slot,
+                    "the group launches of one expert stack read different weight layouts (one copy is uploaded)",
+                ));
+            }
+        }
+        Ok(MoePlan {
+            norm,
+            norm_add,
+            groups,
+            gate_up_layout,
+            down_layout,
+        })
+    }
+}
+
+/// Refuses a model with a feature the CUDA stages do not implement. Every
+/// Gemma 4 feature has its stages (the 26B-A4B expert block: `cuda::moe`),
+/// so only a MoE shape the router and expert kernels cannot hold is
+/// refused here.
 pub fn refuse_unsupported(cfg: &Gemma4Config) -> Result<(), PlanError> {
     match &cfg.moe {
-        Some(moe) => Err(PlanError::Unsupported(format!(
-            "the mixture-of-experts FFN ({} experts, top-{}, expert FFN {})",
-            moe.n_experts, moe.n_experts_used, moe.expert_ffn_dim
-        ))),
-        None => Ok(()),
+        Some(moe) if moe.n_experts_used > gemtune_kernels::families::moe_gemv::MAX_USED => {
+            Err(PlanError::Unsupported(format!(
+                "top-{} routing (the expert kernels hold at most {} experts per token)",
+                moe.n_experts_used,
+                gemtune_kernels::families::moe_gemv::MAX_USED
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -897,6 +1050,13 @@ impl ForwardPlan {
             buckets.push(b.bucket(dims, r)?);
         }
         let mut layouts = ProjLayouts::default();
+        let mut moe_layouts = (weights::Layouts::default(), weights::Layouts::default());
+        let union = |a: weights::Layouts, b: weights::Layouts| weights::Layouts {
+            planes_f16: a.planes_f16 || b.planes_f16,
+            planes_f32: a.planes_f32 || b.planes_f32,
+            blocks: a.blocks || b.blocks,
+            bf16: a.bf16 || b.bf16,
+        };
         let mut uses_vendor = false;
         for bk in &buckets {
             let mut each = |m: &MatmulPlan| {
@@ -917,12 +1077,19 @@ impl ForwardPlan {
                     each(&p.gate);
                     each(&p.proj);
                 }
+                if let Some(m) = &l.moe {
+                    moe_layouts.0 = union(moe_layouts.0, m.gate_up_layout);
+                    moe_layouts.1 = union(moe_layouts.1, m.down_layout);
+                }
             }
             if let Some(h) = &bk.head {
                 each(&h.matmul);
             }
         }
+        layouts.experts_gate_up = moe_layouts.0;
+        layouts.experts_down = moe_layouts.1;
         layouts.head_native = head_shares_table(dims, layouts.get(Proj::Head));
+        layouts.embd_on_head = dims.embd_on_head;
         layouts.head_type = WType::of(dims.head.2);
         Ok(ForwardPlan {
             sizing,
@@ -1255,19 +1422,9 @@ mod tests {
                         };
                         assert_eq!(n, lc.q_dim() + kv, "{what} {l} qkv width");
                     }
-                    // The one conversion allowed: the Q6_K tied head that
-                    // main's `head_convert` asks for.
-                    let asked = |c: &String| {
-                        profile == "main"
-                            && ty["token_embd.weight"] == GgmlType::Q6K
-                            && c.starts_with("token_embd (head) (q6_K) -> q8_0 planes")
-                            && c.ends_with("profile main asks for it (head_convert)")
-                    };
-                    assert!(
-                        dims.converted.iter().all(asked),
-                        "{what}: {:?}",
-                        dims.converted
-                    );
+                    // Nothing is converted: every matrix and the Q6_K tied
+                    // head are read in their own types.
+                    assert!(dims.converted.is_empty(), "{what}: {:?}", dims.converted);
                     let mixes = matches!(w, WeightType::Q4KM | WeightType::Q5KM);
                     assert_eq!(mixed > 0, mixes, "{what}: {mixed} mixed Q|K|V groups");
                     if let Some(mp) = dims.ple_model_proj {
@@ -1365,8 +1522,10 @@ mod tests {
                         "{what}"
                     );
                     if expand {
+                        // The head's own copy apart, unless it is the
+                        // table's one copy (the gather reads its planes).
                         let mut no_head = plan.layouts;
-                        no_head.head_native = true;
+                        no_head.head_native = !dims.embd_on_head;
                         let b = model_bytes(&dims, &no_head) as f64;
                         let ratio = b / dims.file_bytes as f64;
                         let types =
@@ -1452,14 +1611,15 @@ mod tests {
 
     /// The tied head's own copy is uploaded in the type its launches were
     /// planned for (`weights::head_copy_type`), whatever the profile
-    /// decides: main converts a Q6_K head to Q8_0 (`head_convert`), strict
-    /// and q6k-head read the table, `head_convert = "none"` keeps Q6_K.
+    /// decides: main keeps a Q6_K head in its plane repack and the gather
+    /// reads those planes (no table copy), q8-head converts it to Q8_0
+    /// (`head_convert`), strict and q6k-head read the table.
     #[test]
     fn the_head_copy_is_uploaded_in_the_planned_type() {
         let mut cfg = synth::preset(SynthVariant::Tiny);
         cfg.d_model = 256;
         for w in [WeightType::Q4_0, WeightType::Q4KM, WeightType::Q8_0] {
-            for profile in ["main", "strict", "q6k-head", "cublas", "dp4a"] {
+            for profile in ["main", "strict", "q6k-head", "q8-head", "cublas", "dp4a"] {
                 let planner = Planner::new(
                     Profile::load(profile).expect("profile"),
                     None,
@@ -1486,9 +1646,21 @@ mod tests {
                 }
                 let copy = weights::head_copy_type(&plan.layouts, file);
                 assert_eq!(copy.ggml(), dims.head.2, "{what}");
-                if profile == "main" && file == GgmlType::Q6K {
-                    assert_eq!(copy, WType::Q8_0, "{what}: main asks for Q8_0");
+                // main reads the Q6_K head from its plane repack, which the
+                // gather shares; q8-head converts it beside the table.
+                let q6k = file == GgmlType::Q6K;
+                if profile == "main" && q6k {
+                    assert_eq!(copy, WType::Q6K, "{what}: main keeps Q6_K");
                 }
+                if profile == "q8-head" && q6k {
+                    assert_eq!(copy, WType::Q8_0, "{what}: q8-head asks for Q8_0");
+                }
+                let own_head = ["strict", "q6k-head", "q8-head"].contains(&profile);
+                assert_eq!(
+                    dims.embd_on_head,
+                    q6k && !own_head,
+                    "{what}: the gather reads the head's planes"
+                );
             }
         }
     }

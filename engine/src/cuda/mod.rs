@@ -30,6 +30,7 @@ mod forward;
 pub mod forward_plan;
 mod kv_cache;
 pub mod model_dims;
+mod moe;
 mod phases;
 pub mod planner;
 pub mod slots;

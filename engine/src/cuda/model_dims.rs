@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 
 use gemtune_kernels::bind::matmul::{MatmulBinding, WeightLayout};
-use gemtune_kernels::family::{Problem, WType};
+use gemtune_kernels::defines::DefineValue;
+use gemtune_kernels::family::{Problem, RowsProblem, WType};
 use gemtune_kernels::quant::GgmlType;
 
 use super::planner::Planner;
@@ -35,6 +36,10 @@ pub struct ModelDims {
     pub vocab: usize,
     /// Device bytes of the embedding tables (token and PLE) as uploaded.
     pub table_bytes: u64,
+    /// The embedding gather reads the tied head's Q6_K plane repack, so
+    /// the token table has no device copy of its own
+    /// (`embed_on_head_planes`).
+    pub embd_on_head: bool,
     /// The file's bytes of every tensor the weights upload reads (the
     /// projection matrices and the embedding tables; norms apart).
     pub file_bytes: u64,
@@ -52,6 +57,26 @@ pub struct LayerDims {
     pub gate_up: MatDim,
     pub down: MatDim,
     pub ple: Option<(MatDim, MatDim)>,
+    /// The mixture-of-experts block of a 26B-A4B layer (beside the dense
+    /// shared MLP above).
+    pub moe: Option<MoeDims>,
+}
+
+/// The expert tensors and router of a MoE layer, each stack as one matrix
+/// of `n_experts` blocks of rows (`bind::moe::expert_binding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeDims {
+    /// Gate and up of every expert: `E * 2 * ffn` rows of `d_model`
+    /// (expert `e`'s gate rows, then its up rows), in the device type.
+    pub gate_up: MatDim,
+    /// `E * d_model` rows of `ffn`, in the device type.
+    pub down: MatDim,
+    /// The router, `E` rows of `d_model`, as the file stores it (the
+    /// `moe_route` kernel reads F32, F16, BF16, Q8_0 and Q4_0 blocks).
+    pub router: MatDim,
+    pub n_experts: usize,
+    pub n_used: usize,
+    pub ffn: usize,
 }
 
 /// Builds the shapes from tensor names, their file types and `[n][k]`
@@ -75,6 +100,49 @@ impl DimsBuilder<'_> {
         }
         (parts.iter().map(|p| p.1).sum(), k, wt.ggml())
     }
+    /// The MoE block of layer `i`: the expert stacks (gate and up fused,
+    /// whether the file holds `ffn_gate_up_exps` or the two halves) and
+    /// the router.
+    fn moe(&mut self, cfg: &Gemma4Config, i: usize, m: &crate::config::MoeConfig) -> MoeDims {
+        let name = |s: &str| crate::plan::layer_tensor_name(i, s);
+        let (d, e, fe) = (cfg.d_model, m.n_experts, m.expert_ffn_dim);
+        let gu_parts: Vec<(String, usize)> = if m.gate_up_fused {
+            vec![(name("ffn_gate_up_exps"), 2 * fe * e)]
+        } else {
+            vec![
+                (name("ffn_gate_exps"), fe * e),
+                (name("ffn_up_exps"), fe * e),
+            ]
+        };
+        let gate_up = self.matrix(&format!("blk.{i}.ffn_gate_up_exps"), &gu_parts, d);
+        let dn = name("ffn_down_exps");
+        let down = self.matrix(&dn, &[(dn.clone(), d * e)], fe);
+        let rn = name("ffn_gate_inp");
+        let rt = (self.ty)(&rn);
+        self.file_bytes += weights::gguf_bytes(rt, e, d);
+        let router = weights::router_type(rt);
+        if router != rt {
+            self.converted.push(format!(
+                "{rn} ({}) -> {} router, lossy: moe_route reads {}",
+                rt.name(),
+                router.name(),
+                weights::ROUTER_TYPES
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        MoeDims {
+            gate_up,
+            down,
+            router: (e, d, router),
+            n_experts: e,
+            n_used: m.n_experts_used,
+            ffn: fe,
+        }
+    }
+
     /// An embedding table `[rows][k]`: its device type and bytes.
     fn table(&mut self, name: &str, rows: usize, k: usize) -> (GgmlType, u64) {
         let t = (self.ty)(name);
@@ -145,8 +213,14 @@ impl ModelDims {
                 mats.extend([&p.inp_gate, &p.proj]);
             }
         }
-        let by_name: HashMap<&str, GgmlType> =
+        let mut by_name: HashMap<&str, GgmlType> =
             mats.iter().map(|m| (m.name.as_str(), m.ty)).collect();
+        for mw in w.layers.iter().filter_map(|l| l.moe.as_ref()) {
+            by_name.insert(mw.router.name.as_str(), mw.router.ty);
+            for e in [&mw.gate, &mw.up, &mw.down] {
+                by_name.insert(e.name.as_str(), e.ty);
+            }
+        }
         let ty = |name: &str| by_name.get(name).copied().unwrap_or(GgmlType::F32);
         ModelDims::of_tensors(model.config(), &ty, planner)
     }
@@ -208,6 +282,7 @@ impl ModelDims {
                             b.matrix(&name(i, "proj"), &[(name(i, "proj"), d)], p),
                         )
                     }),
+                    moe: cfg.moe.as_ref().map(|m| b.moe(cfg, i, m)),
                 }
             })
             .collect();
@@ -225,6 +300,10 @@ impl ModelDims {
             weights::conversion(&[embd_file], WType::of(head_t).unwrap_or(WType::Q8_0))
         {
             b.converted.push(format!("token_embd (head) {c}"));
+        }
+        let embd_on_head = embed_on_head_planes(planner, embd_file, head_t, cfg.vocab_size, d);
+        if embd_on_head {
+            table_bytes -= weights::gguf_bytes(embd_type, cfg.vocab_size, d);
         }
         let (ple_model_proj, ple_type) = if p > 0 {
             let row = cfg.n_layers * p;
@@ -244,6 +323,7 @@ impl ModelDims {
             ple_type,
             vocab: cfg.vocab_size,
             table_bytes,
+            embd_on_head,
             file_bytes: b.file_bytes,
             converted: b.converted,
         }
@@ -266,6 +346,14 @@ pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
         if let Some((g, p)) = &l.ple {
             b += mat(g, Proj::Ple) + mat(p, Proj::Ple);
         }
+        if let Some(m) = &l.moe {
+            let stack = |s: &MatDim, lay: weights::Layouts| {
+                let wt = WType::of(s.2).unwrap_or(WType::Q8_0);
+                weights::planned_bytes(wt, s.0, s.1, lay)
+            };
+            b += stack(&m.gate_up, lay.experts_gate_up) + stack(&m.down, lay.experts_down);
+            b += weights::gguf_bytes(m.router.2, m.router.0, m.router.1);
+        }
     }
     b += dims.table_bytes;
     if !lay.head_native {
@@ -275,6 +363,44 @@ pub fn model_bytes(dims: &ModelDims, lay: &ProjLayouts) -> u64 {
         b += mat(mp, Proj::Ple);
     }
     b
+}
+
+/// Whether the embedding gather reads the tied head's own Q6_K plane
+/// repack (its nibble plane and GEMV side records, `embed` with
+/// `LAYOUT=1`) instead of a GGUF copy of the table: the table is Q6_K in
+/// the file, the head is read as Q6_K planes with f16-side records at
+/// every row count it runs (`gemv.head`), and the embed slot serves a
+/// Q6_K table with `LAYOUT=1`. One lossless copy then serves both, at the
+/// plane repack's bytes (216 per 210 of the table's).
+pub fn embed_on_head_planes(
+    planner: &Planner,
+    embd: GgmlType,
+    head: GgmlType,
+    n: usize,
+    k: usize,
+) -> bool {
+    let slot = Slot::Gemv(Proj::Head);
+    if embd != GgmlType::Q6K || head != GgmlType::Q6K || planner.vendor(slot) {
+        return false;
+    }
+    let planes = (1..=GEMV_MAX_ROWS).all(|m| {
+        planner
+            .resolve(slot, &Problem::matmul(m, n, k, GgmlType::Q6K), &[])
+            .ok()
+            .and_then(|r| MatmulBinding::of(r.family.name(), &r.defines).ok())
+            .is_some_and(|b| b.layout == weights::PLANES_F16)
+    });
+    let gather = Problem::Rows(RowsProblem {
+        rows: 1,
+        width: k,
+        dtype: GgmlType::Q6K,
+        aux: 0,
+    });
+    let layout1 = [("LAYOUT", DefineValue::Int(1))];
+    planes
+        && planner
+            .resolve(Slot::Embed, &gather, &layout1)
+            .is_ok_and(|r| r.defines.get("LAYOUT") == Some(&DefineValue::Int(1)))
 }
 
 /// The weight type the tied head (`token_embd`, `n` x `k`, stored as

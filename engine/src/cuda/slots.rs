@@ -79,11 +79,17 @@ pub enum Slot {
     /// The prefill GEMMs' scale plane written from the GEMV's before each
     /// GEMM (profiles with `gemm_scales = "expand"`).
     ScaleExpand,
+    /// The MoE router: logits, top-k and routing weights (26B-A4B).
+    MoeRoute,
+    /// The chosen experts' `gelu(gate x) * up x` (decode groups of rows).
+    MoeGateUp,
+    /// The chosen experts' down projections, weighted and summed per row.
+    MoeDown,
 }
 
 impl Slot {
     /// Every slot, in the order `run -v` and the profile docs list them.
-    pub const ALL: [Slot; 21] = [
+    pub const ALL: [Slot; 24] = [
         Slot::Gemm(Proj::Qkv),
         Slot::Gemm(Proj::O),
         Slot::Gemm(Proj::GateUp),
@@ -105,6 +111,9 @@ impl Slot {
         Slot::Embed,
         Slot::Ple,
         Slot::Softcap,
+        Slot::MoeRoute,
+        Slot::MoeGateUp,
+        Slot::MoeDown,
     ];
     /// Slots not in `ALL` order above but served too: the pre-passes.
     pub const PREPASSES: [Slot; 3] = [Slot::QuantizeQ8_1, Slot::ActConvert, Slot::ScaleExpand];
@@ -157,6 +166,9 @@ impl Slot {
             Slot::QuantizeQ8_1 => "quantize_q8_1",
             Slot::ActConvert => "act_convert",
             Slot::ScaleExpand => "scale_expand",
+            Slot::MoeRoute => "moe_route",
+            Slot::MoeGateUp => "moe_gemv.gate_up",
+            Slot::MoeDown => "moe_gemv.down",
         }
     }
 
@@ -195,6 +207,9 @@ impl Slot {
             Slot::ScaleExpand => {
                 "a quantized matrix's prefill GEMM scales from its decode GEMV scales (gemm_scales = \"expand\")"
             }
+            Slot::MoeRoute => "MoE router: logits, top-k experts and their weights per row",
+            Slot::MoeGateUp => "MoE: gelu(gate x) * up x of each row's chosen experts",
+            Slot::MoeDown => "MoE: the chosen experts' down projections, weighted and summed",
         }
     }
 
@@ -243,10 +258,16 @@ pub enum Phase {
     Head,
     /// Charged by callers that sample on the device (bench's tg rows).
     Sampling,
+    /// MoE: the router (its input norm, logits, top-k, weights).
+    MoeRoute,
+    /// MoE: the chosen experts' gate and up projections with GELU.
+    MoeGateUp,
+    /// MoE: the chosen experts' down projections and their weighted sum.
+    MoeDown,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 16] = [
+    pub const ALL: [Phase; 19] = [
         Phase::Embed,
         Phase::Ple,
         Phase::Norm,
@@ -263,6 +284,9 @@ impl Phase {
         Phase::Gelu,
         Phase::Head,
         Phase::Sampling,
+        Phase::MoeRoute,
+        Phase::MoeGateUp,
+        Phase::MoeDown,
     ];
     /// The name tables and `ab` attribute time to.
     pub const fn name(self) -> &'static str {
@@ -283,6 +307,9 @@ impl Phase {
             Phase::Gelu => "gelu",
             Phase::Head => "head",
             Phase::Sampling => "sampling",
+            Phase::MoeRoute => "moe_route",
+            Phase::MoeGateUp => "moe_gate_up",
+            Phase::MoeDown => "moe_down",
         }
     }
     /// The attention phase of a layer kind.
@@ -295,10 +322,10 @@ impl Phase {
 }
 
 /// The phase names, as tables and `ab` attribute them.
-pub const PHASES: [&str; 16] = {
-    let mut out = [""; 16];
+pub const PHASES: [&str; Phase::ALL.len()] = {
+    let mut out = [""; Phase::ALL.len()];
     let mut i = 0;
-    while i < 16 {
+    while i < Phase::ALL.len() {
         out[i] = Phase::ALL[i].name();
         i += 1;
     }

@@ -341,11 +341,19 @@ impl CudaEngine<'_> {
     pub(super) fn embed(&self, k: &[Kernel], bp: &BucketPlan, t: usize) -> Result<(), EngineError> {
         let cfg = self.model.config();
         self.mark(Phase::Embed)?;
+        // The table's GGUF rows (LAYOUT=0, no side plane), or the head's
+        // Q6_K nibble plane and GEMV side records (LAYOUT=1).
+        let (table, side) = match &self.w.embd {
+            Some(t) => (t.buf.ptr(), NULL),
+            None => {
+                let w = self.w.head.weights_from(PLANES_F16, 0).map_err(dev)?;
+                (w.q, w.d)
+            }
+        };
         let a = brows::EmbedArgs {
             tokens: self.b.tokens.ptr(),
-            table: self.w.embd.buf.ptr(),
-            // The table's GGUF rows (LAYOUT=0): no side plane.
-            side: NULL,
+            table,
+            side,
             out: self.b.x.ptr(),
             rows: t,
             width: cfg.d_model,
@@ -602,7 +610,7 @@ impl CudaEngine<'_> {
             k,
             pp.ffn_residual,
             x,
-            Some((self.b.y.ptr(), lw.post_ffw_norm.ptr())),
+            Some((self.ffn_output(lp), lw.post_ffw_norm.ptr())),
             NULL,
             None,
             r,
@@ -656,15 +664,14 @@ impl CudaEngine<'_> {
             ),
             _ => (lp.end, None),
         };
-        self.rmsnorm(
-            k,
-            id,
-            self.b.x.ptr(),
-            Some((self.b.y.ptr(), post)),
-            scale,
-            out,
-            rows.n,
-        )
+        // The PLE injection added the FFN's output already and left its
+        // own in `y`.
+        let y = if lp.ple.is_some() {
+            self.b.y.ptr()
+        } else {
+            self.ffn_output(lp)
+        };
+        self.rmsnorm(k, id, self.b.x.ptr(), Some((y, post)), scale, out, rows.n)
     }
 
     /// Final norm, tied head and softcap for rows `r0..r0+r` of `x` (at most

@@ -59,6 +59,19 @@ pub fn of_plan(plan: &ForwardPlan, cfg: &Gemma4Config, dims: &ModelDims) -> Opti
             matrices += matmul_bytes(&p.gate) + matmul_bytes(&p.proj);
         }
     }
+    // A MoE layer reads its router and the chosen experts' rows of each
+    // stack, never the others (`moe_gemv` reads whole experts).
+    for (lp, ld) in b.layers.iter().zip(&dims.layers) {
+        if let (Some(mp), Some(m)) = (&lp.moe, &ld.moe) {
+            let per_expert = |(n, k, t): MatDim, lay: Layouts| {
+                lay.only()
+                    .map_or(0, |l| layout_bytes((n / m.n_experts, k, t), l))
+            };
+            matrices += layout_bytes(m.router, WeightLayout::GgufBlocks);
+            matrices += m.n_used as u64
+                * (per_expert(m.gate_up, mp.gate_up_layout) + per_expert(m.down, mp.down_layout));
+        }
+    }
     // A table row is whole blocks (the GGUF reader refuses anything else).
     let row = |t: gemtune_kernels::quant::GgmlType, n: usize| {
         (n.div_ceil(t.block_size()) * t.type_size()) as u64

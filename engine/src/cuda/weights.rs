@@ -26,7 +26,10 @@
 //!   profile's `gemv.head` slot resolves to the Q6_K GEMV on GGUF blocks at
 //!   every row count (`model_dims::head_type`); otherwise it reads its own
 //!   planes of the planned head type (`head_copy_type`: the table's device
-//!   type, or the type a profile's `head_convert` asks for).
+//!   type, or the type a profile's `head_convert` asks for). When those
+//!   planes are a Q6_K table's lossless repack and the embed slot reads
+//!   that layout, the gather reads them too and the table has no GGUF copy
+//!   (`model_dims::embed_on_head_planes`): one copy of the table.
 //! - `upload` puts a whole model on the device in the layouts the forward
 //!   plan reads (`ProjLayouts`); `model_dims::model_bytes` is the same
 //!   sum computed from the model's shapes before any allocation (the fit
@@ -46,7 +49,7 @@ use std::sync::Arc;
 
 use super::slots::Proj;
 use crate::config::AttnKind;
-use crate::model::{MatRef, Model};
+use crate::model::{ExpertMats, MatRef, Model};
 use crate::rope::RopeFreqs;
 
 /// Which device layouts of a matrix some slot reads.
@@ -74,9 +77,26 @@ impl Layouts {
     fn planes(&self) -> bool {
         self.planes_f16 || self.planes_f32
     }
+    /// The one weight layout set (`bf16` apart: the vendor arm's copy);
+    /// `None` when none or several are.
+    pub fn only(&self) -> Option<WeightLayout> {
+        match (self.planes_f16, self.planes_f32, self.blocks) {
+            (true, false, false) => Some(PLANES_F16),
+            (false, true, false) => Some(PLANES_F32),
+            (false, false, true) => Some(WeightLayout::GgufBlocks),
+            _ => None,
+        }
+    }
+    /// How many device layouts are set.
+    pub fn count(&self) -> usize {
+        [self.planes_f16, self.planes_f32, self.blocks, self.bf16]
+            .iter()
+            .filter(|&&b| b)
+            .count()
+    }
 }
 
-pub(super) const PLANES_F16: WeightLayout = WeightLayout::Planes {
+pub const PLANES_F16: WeightLayout = WeightLayout::Planes {
     scales: ScaleType::F16,
 };
 pub(super) const PLANES_F32: WeightLayout = WeightLayout::Planes {
@@ -302,6 +322,13 @@ pub struct ProjLayouts {
     /// which a profile's `head_convert` may set apart from the file's);
     /// `None`: `device_type` of the table's file type.
     pub head_type: Option<WType>,
+    /// The embedding gather reads the head's Q6_K planes: no GGUF copy of
+    /// the token table is uploaded (`model_dims::embed_on_head_planes`).
+    pub embd_on_head: bool,
+    /// MoE layers: the layouts the expert stacks are read in (gate|up and
+    /// down; `moe_gemv`'s `LAYOUT`).
+    pub experts_gate_up: Layouts,
+    pub experts_down: Layouts,
 }
 
 impl ProjLayouts {
@@ -450,6 +477,25 @@ fn device_blocks(model: &Model, parts: &[&MatRef], wt: WType) -> Result<Vec<u8>,
     Ok(out)
 }
 
+/// The router types `moe_route` reads as GGUF stores them; any other is
+/// converted to Q8_0 at load.
+pub const ROUTER_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+];
+
+/// The device type of a router stored as `t`.
+pub fn router_type(t: GgmlType) -> GgmlType {
+    if ROUTER_TYPES.contains(&t) {
+        t
+    } else {
+        GgmlType::Q8_0
+    }
+}
+
 /// The type the tied head's own copy is uploaded in: the planned head type
 /// (`ProjLayouts::head_type`), else `device_type` of the table's file type
 /// `file`. The head's launches were planned for this type, so the upload
@@ -552,13 +598,151 @@ pub struct LayerWeights {
     pub ffn_norm: DeviceBuffer,
     pub post_ffw_norm: DeviceBuffer,
     pub ple_post_norm: Option<DeviceBuffer>,
+    /// The mixture-of-experts block (26B-A4B).
+    pub moe: Option<MoeLayerWeights>,
+}
+
+/// The device weights of a MoE layer's expert block.
+pub struct MoeLayerWeights {
+    /// `ffn_gate_inp` as GGUF stores it (`model_dims::router_type`).
+    pub router: DeviceBuffer,
+    /// f32 `[d]`: `ffn_gate_inp.scale * d^-1/2`, the weight of the router
+    /// input's norm.
+    pub router_norm: DeviceBuffer,
+    /// f32 `[E]`: `ffn_down_exps.scale`.
+    pub expert_scale: DeviceBuffer,
+    /// Every expert's gate then up rows, `E * 2 * ffn` rows of `d`.
+    pub gate_up: GpuMatrix,
+    /// `E * d` rows of `ffn`.
+    pub down: GpuMatrix,
+    pub pre_norm_2: DeviceBuffer,
+    pub post_norm_1: DeviceBuffer,
+    pub post_norm_2: DeviceBuffer,
+}
+
+impl MoeLayerWeights {
+    fn bytes(&self) -> u64 {
+        self.router.bytes() as u64 + self.gate_up.bytes() + self.down.bytes()
+    }
+}
+
+/// The expert stacks `parts` (same input width and expert count) as one
+/// matrix of device type `wt` in GGUF blocks: for each expert in turn, its
+/// rows of every part (gate then up for the fused gate|up), copied when
+/// the file's type is `wt`, else requantized to Q8_0.
+fn expert_blocks(model: &Model, parts: &[&ExpertMats], wt: WType) -> Result<Vec<u8>, GpuError> {
+    let k = parts[0].n_in;
+    let n_exp = parts[0].n_experts;
+    let row_out = wt.row_bytes(k);
+    let per_expert: usize = parts.iter().map(|p| p.n_out).sum();
+    let mut out = vec![0u8; n_exp * per_expert * row_out];
+    out.par_chunks_mut(per_expert * row_out)
+        .enumerate()
+        .try_for_each(|(e, dst)| -> Result<(), GpuError> {
+            let mut o = 0;
+            let mut f = vec![0f32; k];
+            for p in parts {
+                let src = model.expert_bytes(p, e);
+                let d = &mut dst[o * row_out..(o + p.n_out) * row_out];
+                if p.ty == wt.ggml() {
+                    d.copy_from_slice(&src[..p.n_out * row_out]);
+                } else {
+                    for (dr, sr) in d.chunks_mut(row_out).zip(src.chunks(p.row_bytes)) {
+                        let err = |e: gemtune_kernels::quant::QuantError| {
+                            GpuError::Other(format!("{}: {e}", p.name))
+                        };
+                        dequantize_row(p.ty, sr, &mut f).map_err(err)?;
+                        quantize_row(wt.ggml(), &f, dr).map_err(err)?;
+                    }
+                }
+                o += p.n_out;
+            }
+            Ok(())
+        })?;
+    Ok(out)
+}
+
+/// Uploads an expert stack (`expert_blocks`) in `layouts`.
+fn upload_experts(
+    gpu: &Gpu,
+    model: &Model,
+    name: &str,
+    parts: &[&ExpertMats],
+    layouts: Layouts,
+) -> Result<GpuMatrix, GpuError> {
+    let k = parts[0].n_in;
+    if parts
+        .iter()
+        .any(|p| p.n_in != k || p.n_experts != parts[0].n_experts)
+        || k % 32 != 0
+    {
+        return Err(GpuError::Other(format!(
+            "{name}: the fused expert stacks need one input width (a multiple of 32) and one expert count"
+        )));
+    }
+    let types: Vec<GgmlType> = parts.iter().map(|p| p.ty).collect();
+    let wt = device_type(&types);
+    let n = parts[0].n_experts * parts.iter().map(|p| p.n_out).sum::<usize>();
+    let gguf = expert_blocks(model, parts, wt)?;
+    let c = HostCopies::build(wt, &gguf, n, k, layouts)
+        .map_err(|e| GpuError::Other(format!("{name}: {e}")))?;
+    debug_assert_eq!(c.bytes(), planned_bytes(wt, n, k, layouts), "{name}");
+    let up = |v: Option<Vec<u8>>| v.map(|v| gpu.upload(&v)).transpose();
+    Ok(GpuMatrix {
+        name: name.to_string(),
+        n,
+        k,
+        wtype: wt,
+        q: up(c.q)?,
+        d16: up(c.d16)?,
+        d32: up(c.d32)?,
+        blocks: up(c.blocks)?.map(Arc::new),
+        blocks_shared: false,
+        bf16: None,
+    })
+}
+
+/// Uploads layer `i`'s MoE block.
+fn upload_moe(
+    gpu: &Gpu,
+    model: &Model,
+    i: usize,
+    mw: &crate::model::MoeWeights,
+    lay: &ProjLayouts,
+) -> Result<MoeLayerWeights, GpuError> {
+    let d = model.config().d_model;
+    let rt = router_type(mw.router.ty);
+    let router = if rt == mw.router.ty {
+        gpu.upload(model.mat_bytes(&mw.router))?
+    } else {
+        gpu.upload(&device_blocks(model, &[&mw.router], WType::Q8_0)?)?
+    };
+    let inv_sqrt_d = 1.0f32 / (d as f32).sqrt();
+    let router_norm: Vec<f32> = mw.router_scale.iter().map(|&g| g * inv_sqrt_d).collect();
+    Ok(MoeLayerWeights {
+        router,
+        router_norm: gpu.upload(&router_norm)?,
+        expert_scale: gpu.upload(&mw.expert_scale)?,
+        gate_up: upload_experts(
+            gpu,
+            model,
+            &format!("blk.{i}.ffn_gate_up_exps"),
+            &[&mw.gate, &mw.up],
+            lay.experts_gate_up,
+        )?,
+        down: upload_experts(gpu, model, &mw.down.name, &[&mw.down], lay.experts_down)?,
+        pre_norm_2: gpu.upload(&mw.experts_pre_norm)?,
+        post_norm_1: gpu.upload(&mw.shared_post_norm)?,
+        post_norm_2: gpu.upload(&mw.experts_post_norm)?,
+    })
 }
 
 /// A model's device weights.
 pub struct DeviceWeights {
     pub layers: Vec<LayerWeights>,
-    /// `token_embd` as GGUF bytes (the embedding gather).
-    pub embd: GpuTable,
+    /// `token_embd` as GGUF bytes (the embedding gather); `None` when the
+    /// gather reads the head's Q6_K planes (`ProjLayouts::embd_on_head`).
+    pub embd: Option<GpuTable>,
     /// `token_embd` as the head reads it.
     pub head: GpuMatrix,
     pub output_norm: DeviceBuffer,
@@ -649,10 +833,24 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
             ffn_norm: f32_buf(&lw.ffn_norm)?,
             post_ffw_norm: f32_buf(&lw.post_ffw_norm)?,
             ple_post_norm,
+            moe: lw
+                .moe
+                .as_ref()
+                .map(|mw| upload_moe(gpu, model, i, mw, lay))
+                .transpose()?,
         });
     }
-    let embd = upload_table(gpu, model, &w.token_embd, EMBED_TYPES)?;
+    let embd = if lay.embd_on_head {
+        None
+    } else {
+        Some(upload_table(gpu, model, &w.token_embd, EMBED_TYPES)?)
+    };
     let head = if lay.head_native {
+        let Some(embd) = &embd else {
+            return Err(GpuError::Other(
+                "token_embd: the head was planned on the table's bytes and the table on the head's planes".into(),
+            ));
+        };
         let wt = WType::of(embd.ty).filter(|_| embd.ty == w.token_embd.ty);
         let Some(wt) = wt else {
             return Err(GpuError::Other(format!(
@@ -707,9 +905,10 @@ pub fn upload(gpu: &Gpu, model: &Model, lay: &ProjLayouts) -> Result<DeviceWeigh
                 + l.down.bytes()
                 + opt(&l.ple_gate)
                 + opt(&l.ple_proj)
+                + l.moe.as_ref().map_or(0, |m| m.bytes())
         })
         .sum();
-    bytes += embd.buf.bytes() as u64 + head.bytes();
+    bytes += embd.as_ref().map_or(0, |t| t.buf.bytes() as u64) + head.bytes();
     bytes += ple_table
         .as_ref()
         .map(|t| t.buf.bytes() as u64)

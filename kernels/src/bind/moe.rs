@@ -27,7 +27,8 @@ pub struct MoeRouteArgs {
     pub ids: DevPtr,
     /// f32 [T][K] output.
     pub weights: DevPtr,
-    /// One u32, zero before the first launch (the kernel leaves it zero).
+    /// One u32 per group of the launch (grid.y), zero before the first
+    /// launch (the kernel leaves them zero).
     pub counter: DevPtr,
     pub d: usize,
     pub n_experts: usize,

@@ -1,0 +1,384 @@
+//! The mixture-of-experts FFN block of 26B-A4B on the GPU: the stage
+//! (`CudaEngine::moe_block`) that runs the launches a bucket planned for it
+//! (`forward_plan::MoePlan`) on its buffers (`buffers::MoeBuffers`).
+//!
+//! On a MoE layer `ffn_block` runs the dense shared MLP as on every model
+//! (from `a1 = rmsnorm(h) * ffn_norm`, into `y`); this block then adds the
+//! experts (`cpu::moe` is the reference, `h` the residual stream):
+//!
+//! ```text
+//! sum = rmsnorm(y) * post_ffw_norm_1                      f1
+//! z   = rmsnorm(h) * (ffn_gate_inp.scale * d^-1/2)         the router input
+//! ids, w = moe_route(z)                                    top-k of the logits, renormalised, x expert scales
+//! a2  = rmsnorm(h) * pre_ffw_norm_2
+//! e   = moe_gemv DOWN(moe_gemv GATE_UP(a2))                sum_j w_j down_j(gelu(gate_j a2) * up_j a2)
+//! sum += rmsnorm(e) * post_ffw_norm_2                      f1 + f2
+//! ```
+//!
+//! and `layer_end` adds `rmsnorm(sum) * post_ffw_norm` to `h` as it adds
+//! the dense FFN's output on the other models. Every launch reads the
+//! expert ids `moe_route` wrote on the device, so a decode step replays in
+//! a CUDA graph with no host round trip. The router and expert kernels
+//! take at most 8 rows (a decode step); a prefill chunk runs them on
+//! consecutive groups of at most 8 rows, the norms over the whole chunk.
+//! The norms are the sandwich-norm kernel in its two single forms: the norm
+//! of a buffer written to another (`rmsnorm(src) * w -> dst`) and the
+//! normed add (`dst += rmsnorm(src) * w`).
+
+use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use gemtune_kernels::bind::{Act, DevPtr, NULL};
+use gemtune_kernels::gpu::DeviceBuffer;
+use gemtune_kernels::runtime::Kernel;
+
+use super::engine::{dev, CudaEngine};
+use super::forward_plan::{LaunchId, LayerPlan, MoeGroupPlan, MoePlan, MOE_GROUP_ROWS};
+use super::slots::Phase;
+use super::stages::Rows;
+use super::weights::{GpuMatrix, Layouts};
+use crate::engine::EngineError;
+
+impl CudaEngine<'_> {
+    /// `rmsnorm(src) * w -> dst` (`add`: `dst += rmsnorm(src) * w`) over
+    /// `rows` rows with launch `id`.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_norm(
+        &self,
+        k: &[Kernel],
+        id: LaunchId,
+        src: DevPtr,
+        w: DevPtr,
+        dst: DevPtr,
+        add: bool,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let cfg = self.model.config();
+        let (h, y, w_add, w_out, out) = if add {
+            (dst, src, w, NULL, Act::f32(NULL))
+        } else {
+            (src, NULL, NULL, w, Act::f32(dst))
+        };
+        let a = gemtune_kernels::bind::rows::RmsNormArgs {
+            h,
+            y,
+            w_add,
+            scale: NULL,
+            w_out,
+            out,
+            rows,
+            width: cfg.d_model,
+            eps: cfg.rms_eps,
+        };
+        k[id].launch(&self.gpu, &a.kargs()).map_err(dev)
+    }
+
+    /// The expert block of MoE layer `l` after its shared MLP wrote `y`:
+    /// leaves `f1 + f2` in `MoeBuffers::sum` for `layer_end`. Does nothing
+    /// on a dense layer.
+    pub(super) fn moe_block(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let (Some(mp), Some(mw), Some(mb), Some(moe)) = (
+            lp.moe.as_ref(),
+            self.w.layers[l].moe.as_ref(),
+            self.moe_buffers.as_ref(),
+            self.model.config().moe.as_ref(),
+        ) else {
+            return Ok(());
+        };
+        let cfg = self.model.config();
+        let (d, kk, fe, ne) = (
+            cfg.d_model,
+            moe.n_experts_used,
+            moe.expert_ffn_dim,
+            moe.n_experts,
+        );
+        let r = rows.n;
+        let x = self.b.x.ptr();
+        self.mark(Phase::Norm)?;
+        self.moe_norm(
+            k,
+            mp.norm,
+            self.b.y.ptr(),
+            mw.post_norm_1.ptr(),
+            mb.sum.ptr(),
+            false,
+            r,
+        )?;
+        self.mark(Phase::MoeRoute)?;
+        self.moe_norm(k, mp.norm, x, mw.router_norm.ptr(), mb.z.ptr(), false, r)?;
+        self.mark(Phase::Norm)?;
+        self.moe_norm(k, mp.norm, x, mw.pre_norm_2.ptr(), mb.a2.ptr(), false, r)?;
+        let gu_w = |m: &GpuMatrix, lay: Layouts| -> Result<ExpertWeights, EngineError> {
+            let layout = lay.only().ok_or_else(|| {
+                EngineError::Device(format!("{}: not planned in one layout", m.name))
+            })?;
+            let w = m.weights_from(layout, 0).map_err(dev)?;
+            Ok(ExpertWeights { q: w.q, d: w.d })
+        };
+        let w_gu = gu_w(&mw.gate_up, mp.gate_up_layout)?;
+        let w_dn = gu_w(&mw.down, mp.down_layout)?;
+        // The router: every full group of MOE_GROUP_ROWS rows in one launch
+        // (grid.y groups, a counter each), then the remainder.
+        self.mark(Phase::MoeRoute)?;
+        let full = if r > MOE_GROUP_ROWS {
+            r / MOE_GROUP_ROWS
+        } else {
+            0
+        };
+        let mut r0 = 0;
+        for (n, groups) in [(MOE_GROUP_ROWS, full), (r - full * MOE_GROUP_ROWS, 1)] {
+            if n == 0 || groups == 0 {
+                continue;
+            }
+            let g = self.moe_group(mp, l, n)?;
+            let route = MoeRouteArgs {
+                w: mw.router.ptr(),
+                z: mb.z.ptr() + (4 * r0 * d) as u64,
+                scale: mw.expert_scale.ptr(),
+                logits: mb.logits.ptr() + (4 * r0 * ne) as u64,
+                ids: mb.ids.ptr() + (4 * r0 * kk) as u64,
+                weights: mb.weights.ptr() + (4 * r0 * kk) as u64,
+                counter: mb.counter.ptr() + (4 * (r0 / MOE_GROUP_ROWS)) as u64,
+                d,
+                n_experts: ne,
+                n_used: kk,
+            };
+            let kr = &k[g.route];
+            let grid = (kr.geo.grid.0, groups as u32, 1);
+            kr.launch_grid(&self.gpu, grid, &route.kargs())
+                .map_err(dev)?;
+            r0 += n * groups;
+        }
+        // The experts, a group of at most MOE_GROUP_ROWS rows at a time.
+        let mut r0 = 0;
+        while r0 < r {
+            let n = (r - r0).min(MOE_GROUP_ROWS);
+            let g = self.moe_group(mp, l, n)?;
+            let row = |buf: &DeviceBuffer, width: usize| buf.ptr() + (4 * r0 * width) as u64;
+            self.mark(Phase::MoeGateUp)?;
+            let gu = MoeGateUpArgs {
+                w: w_gu,
+                x: row(&mb.a2, d),
+                ids: row(&mb.ids, kk),
+                h: mb.h.ptr(),
+                count: NULL,
+                d,
+                ffn: fe,
+                n_experts: ne,
+                n_used: kk,
+            };
+            k[g.gate_up].launch(&self.gpu, &gu.kargs()).map_err(dev)?;
+            self.mark(Phase::MoeDown)?;
+            let dn = MoeDownArgs {
+                w: w_dn,
+                h: mb.h.ptr(),
+                ids: row(&mb.ids, kk),
+                weights: row(&mb.weights, kk),
+                y: row(&mb.e, d),
+                count: NULL,
+                d,
+                ffn: fe,
+                n_experts: ne,
+                n_used: kk,
+            };
+            k[g.down].launch(&self.gpu, &dn.kargs()).map_err(dev)?;
+            r0 += n;
+        }
+        self.mark(Phase::Norm)?;
+        self.moe_norm(
+            k,
+            mp.norm_add,
+            mb.e.ptr(),
+            mw.post_norm_2.ptr(),
+            mb.sum.ptr(),
+            true,
+            r,
+        )
+    }
+
+    /// The launches of a group of `n` rows of layer `l`'s plan.
+    fn moe_group<'p>(
+        &self,
+        mp: &'p MoePlan,
+        l: usize,
+        n: usize,
+    ) -> Result<&'p MoeGroupPlan, EngineError> {
+        mp.group(n).ok_or_else(|| {
+            EngineError::Device(format!(
+                "layer {l}: no MoE launches planned for a group of {n} rows"
+            ))
+        })
+    }
+
+    /// The addend `layer_end` normalizes into the residual stream: the
+    /// MoE block's `f1 + f2` on a MoE layer, else `y`.
+    pub(super) fn ffn_output(&self, lp: &LayerPlan) -> DevPtr {
+        match (&lp.moe, &self.moe_buffers) {
+            (Some(_), Some(mb)) => mb.sum.ptr(),
+            _ => self.b.y.ptr(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Gemma4Config;
+    use crate::cuda::forward_plan::{ForwardPlan, Sizing};
+    use crate::cuda::model_dims::{model_bytes, ModelDims};
+    use crate::cuda::planner::Planner;
+    use crate::profile::Profile;
+    use crate::synth::{self, SynthVariant, WeightType};
+    use gemtune_kernels::compile::Arch;
+    use gemtune_kernels::defines::DefineValue;
+    use gemtune_kernels::family::{DeviceLimits, KvType};
+    use gemtune_kernels::quant::GgmlType;
+
+    fn moe_plan(
+        profile: &str,
+        v: SynthVariant,
+        w: WeightType,
+        ubatch: usize,
+    ) -> (ForwardPlan, ModelDims, Gemma4Config) {
+        let planner = Planner::new(
+            Profile::load(profile).expect("profile"),
+            None,
+            DeviceLimits::for_arch(Arch(90)),
+        );
+        let cfg = synth::preset(v);
+        let dims = ModelDims::of_synth(&cfg, w, &planner);
+        let sizing = Sizing {
+            max_seq: 4096.min(cfg.context_length),
+            ubatch,
+            kv_type: KvType::F16,
+        };
+        let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+            .unwrap_or_else(|e| panic!("{profile} {v:?} {w:?}: {e}"));
+        (plan, dims, cfg)
+    }
+
+    /// Every bucket of a MoE model plans the expert block on every layer:
+    /// a decode bucket one group of its own rows, a prefill bucket every
+    /// group size a chunk is cut into; the router and both expert stages
+    /// resolve to their families with the plan's STAGE, and the stacks are
+    /// read in one layout each.
+    #[test]
+    fn moe_models_plan_the_expert_block_on_every_layer() {
+        for (profile, v, w) in [
+            ("main", SynthVariant::TinyMoe, WeightType::Q8_0),
+            ("strict", SynthVariant::TinyMoe, WeightType::Q8_0),
+            ("main", SynthVariant::TinyMoe, WeightType::Q4KM),
+            ("main", SynthVariant::B26A4b, WeightType::Q8_0),
+            ("main", SynthVariant::B26A4b, WeightType::Q4_0),
+            ("main", SynthVariant::B26A4b, WeightType::Q4KM),
+        ] {
+            let what = format!("{profile} {v:?} {w:?}");
+            let (plan, dims, cfg) = moe_plan(profile, v, w, 64);
+            let moe = cfg.moe.as_ref().expect("a MoE preset");
+            for b in &plan.buckets {
+                assert_eq!(b.layers.len(), cfg.n_layers, "{what}");
+                for (l, lp) in b.layers.iter().enumerate() {
+                    let mp = lp
+                        .moe
+                        .as_ref()
+                        .unwrap_or_else(|| panic!("{what}: layer {l} of bucket {}", b.rows));
+                    let sizes: Vec<usize> = mp.groups.iter().map(|g| g.rows).collect();
+                    if b.rows <= MOE_GROUP_ROWS {
+                        assert_eq!(sizes, vec![b.rows], "{what}");
+                    } else {
+                        assert_eq!(sizes, (1..=MOE_GROUP_ROWS).collect::<Vec<_>>(), "{what}");
+                    }
+                    for g in &mp.groups {
+                        for (id, fam, st) in [
+                            (g.route, "moe_route", None),
+                            (g.gate_up, "moe_gemv", Some("GATE_UP")),
+                            (g.down, "moe_gemv", Some("DOWN")),
+                        ] {
+                            let res = &plan.launches[id].res;
+                            assert_eq!(res.family.name(), fam, "{what}");
+                            if let Some(st) = st {
+                                assert_eq!(
+                                    res.defines.get("STAGE"),
+                                    Some(&DefineValue::Str(st.into())),
+                                    "{what}"
+                                );
+                            }
+                            assert!(
+                                res.geo.kernel.ends_with(&format!("_n{}", g.rows)),
+                                "{what}: {}",
+                                res.geo.kernel
+                            );
+                        }
+                    }
+                    assert_eq!(mp.gate_up_layout.count(), 1, "{what}");
+                    assert_eq!(mp.down_layout.count(), 1, "{what}");
+                }
+            }
+            assert_eq!(plan.layouts.experts_gate_up.count(), 1, "{what}");
+            let m = dims.layers[0].moe.expect("MoE dims");
+            assert_eq!(
+                m.gate_up.0,
+                moe.n_experts * 2 * moe.expert_ffn_dim,
+                "{what}"
+            );
+            assert_eq!(m.down.0, moe.n_experts * cfg.d_model, "{what}");
+            assert_eq!(m.router.2, GgmlType::F32, "{what}: the router stays F32");
+        }
+    }
+
+    /// The fit check counts every expert of every layer in the planned
+    /// layout, and the router; Q8_0 and Q4_0 planes take the file's bytes.
+    #[test]
+    fn model_bytes_count_every_expert_stack_at_the_files_bytes() {
+        for w in [WeightType::Q8_0, WeightType::Q4_0] {
+            let (plan, dims, cfg) = moe_plan("main", SynthVariant::B26A4b, w, 512);
+            let moe = cfg.moe.as_ref().expect("MoE");
+            let mut dense = dims.clone();
+            for l in &mut dense.layers {
+                l.moe = None;
+            }
+            let extra = model_bytes(&dims, &plan.layouts) - model_bytes(&dense, &plan.layouts);
+            let t = w.matrix_type();
+            let (d, e, fe) = (cfg.d_model, moe.n_experts, moe.expert_ffn_dim);
+            // Gate, up and down: 3 * fe * d weights per expert, in whole
+            // blocks of 32 (d and fe are multiples of 32 on 26B-A4B).
+            assert_eq!((d % 32, fe % 32), (0, 0));
+            let per_layer = e * 3 * fe * d / 32 * t.type_size() + e * d * 4;
+            assert_eq!(extra, (cfg.n_layers * per_layer) as u64, "{w:?}");
+        }
+    }
+
+    /// A decode step reads the router and the chosen experts' rows of each
+    /// stack, `n_experts_used` of `n_experts`, never the others.
+    #[test]
+    fn a_decode_step_reads_only_the_chosen_experts() {
+        let (plan, dims, cfg) = moe_plan("main", SynthVariant::B26A4b, WeightType::Q8_0, 512);
+        let moe = cfg.moe.as_ref().expect("MoE");
+        let with = crate::cuda::step_reads::of_plan(&plan, &cfg, &dims).expect("reads");
+        let mut dense_plan = plan;
+        for b in &mut dense_plan.buckets {
+            for l in &mut b.layers {
+                l.moe = None;
+            }
+        }
+        let without = crate::cuda::step_reads::of_plan(&dense_plan, &cfg, &dims).expect("reads");
+        let (d, e, fe, k) = (
+            cfg.d_model,
+            moe.n_experts,
+            moe.expert_ffn_dim,
+            moe.n_experts_used,
+        );
+        // Q8_0: 34 bytes per 32 weights in the planes as in the file.
+        let expert = (2 * fe * d + d * fe) / 32 * 34;
+        let per_layer = (e * d * 4 + k * expert) as u64;
+        assert_eq!(
+            with.matrices - without.matrices,
+            cfg.n_layers as u64 * per_layer
+        );
+        assert!(k * 4 <= e, "26B-A4B routes to a small share of its experts");
+    }
+}

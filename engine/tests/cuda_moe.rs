@@ -1,0 +1,131 @@
+//! The CUDA engine on the mixture-of-experts model (26B-A4B's block at
+//! tiny size, `tiny-moe`: 6 experts of 96, top-2, a shared MLP, per-expert
+//! scales, the router on the residual stream), against the CPU engine.
+//!
+//! Every test needs a CUDA GPU (and NVRTC) and is ignored by default; run
+//! with `--include-ignored` on a GPU host. Without a GPU they fail.
+//!
+//! - `strict`: RMS-relative logit error under 1e-5 against the CPU engine
+//!   on every weight type the expert kernels read in their own bits, over
+//!   a prefill whose chunks cut into groups of 8 rows with a remainder,
+//!   then decode steps.
+//! - `main`: top-1 agreement of 99 % or more and 99 % of the rows within
+//!   an RMS-relative error of 1e-2 (a row routed to another expert by
+//!   main's rounding can be further off; see the test).
+//! - Graph decode bit-identical to eager decode.
+
+#[path = "common/engines.rs"]
+mod engines;
+
+use engines::{compare_engines, cuda, prompt};
+use gemtune_engine::engine::Engine;
+use gemtune_engine::forward::LogitRows;
+use gemtune_engine::gguf::GgufFile;
+use gemtune_engine::model::Model;
+use gemtune_engine::synth::{self, SynthOptions, SynthVariant, WeightType};
+
+fn tiny_moe(w: WeightType) -> Model {
+    let bytes = synth::synth_to_vec(
+        SynthVariant::TinyMoe,
+        w,
+        SynthOptions {
+            vocab: Some(4096),
+            seed: 21,
+        },
+    )
+    .expect("synth tiny-moe");
+    let name = format!("tiny-moe-{}", w.name());
+    Model::from_gguf(GgufFile::from_bytes(bytes, &name).expect("gguf")).expect("load")
+}
+
+/// Types whose expert stacks `moe_gemv` reads in their own bits.
+const TYPES: [WeightType; 4] = [
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::F16,
+    WeightType::Bf16,
+];
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strict_matches_the_cpu_engine_on_tiny_moe() {
+    for w in TYPES {
+        let m = tiny_moe(w);
+        // 197 prompt rows in chunks of 64: groups of 8 and a remainder of
+        // 5 rows (197 = 3 * 64 + 5), then decode steps to 256.
+        let a = compare_engines(&m, "strict", 197, 64);
+        eprintln!(
+            "tiny-moe {} strict: worst rms_rel {:.3e}, top-1 {:.4}",
+            w.name(),
+            a.worst_rms,
+            a.top1
+        );
+        assert!(
+            a.worst_rms < 1e-5,
+            "tiny-moe {} strict: worst row rms_rel {:.3e}",
+            w.name(),
+            a.worst_rms
+        );
+    }
+}
+
+/// `main` on every type: 99 % top-1, and 99 % of the rows within main's
+/// 1e-2 of the CPU engine. The worst row is printed, not held to 1e-2:
+/// routing is a discontinuity the dense models do not have. A row whose
+/// router logits have two experts closer than main's activation error
+/// (f16 GEMM operands and KV cache, Q8_1 for Q4_0's dp4a) can route to
+/// another expert than the CPU engine's, and on a random tiny router that
+/// moves the row's logits by far more than 1e-2: measured on an H100,
+/// worst rows of 6.2e-2 (F16) and 2.1e-1 (Q4_0) with top-1 at 100 %,
+/// where Q8_0 measured 7.8e-4. The expert kernels themselves are held to
+/// 1e-5 by `strict` on the same files.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn main_agrees_with_the_cpu_engine_on_tiny_moe() {
+    for w in TYPES.into_iter().chain([WeightType::Q4KM]) {
+        let m = tiny_moe(w);
+        let a = compare_engines(&m, "main", 197, 64);
+        let p99 = a.quantile(0.99);
+        eprintln!(
+            "tiny-moe {} main: rms_rel p99 {p99:.3e}, worst {:.3e}, top-1 {:.4}",
+            w.name(),
+            a.worst_rms,
+            a.top1
+        );
+        assert!(
+            p99 < 1e-2,
+            "tiny-moe {} main: 99th-percentile rms_rel {p99:.3e}",
+            w.name()
+        );
+        assert!(
+            a.top1 >= 0.99,
+            "tiny-moe {} main: top-1 {:.4}",
+            w.name(),
+            a.top1
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_decode_is_bit_identical_to_eager_decode_on_tiny_moe() {
+    let m = tiny_moe(WeightType::Q8_0);
+    let toks = prompt(&m, 80, 4);
+    let run = |graph: bool| -> (Vec<Vec<u32>>, u64) {
+        let mut e = cuda(&m, "main", 128, 32, graph);
+        e.forward(&toks[..29], LogitRows::None).expect("prefill");
+        let mut rows = Vec::new();
+        for &t in &toks[29..80] {
+            let l = e.forward(&[t], LogitRows::Last).expect("decode");
+            rows.push(l.row(0).iter().map(|v| v.to_bits()).collect());
+        }
+        (rows, e.graph_replays())
+    };
+    let (g, replays) = run(true);
+    let (eager, _) = run(false);
+    assert_eq!(
+        replays, 51,
+        "the captured graph must serve every decode step"
+    );
+    assert!(g == eager, "graph decode differs from eager decode");
+}
