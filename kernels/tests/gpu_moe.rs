@@ -8,8 +8,8 @@
 //! reason instead of passing.
 
 use gemtune_kernels::bind::moe::{
-    moe_gemm_scratch, ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs,
-    MoeGemmDownArgs, MoeGemmGateUpArgs, MoeGroupArgs, MoeRouteArgs,
+    moe_gemm_scratch, ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs,
+    MoeGemmGateUpArgs, MoeGroupArgs, MoeRouteArgs,
 };
 use gemtune_kernels::bind::NULL;
 use gemtune_kernels::defines::Defines;
@@ -422,7 +422,12 @@ fn moe_gemm_variants_pass() {
                 vec![("BM", i(128))],
                 vec![("BM", i(32)), ("WARPS_M", i(1))],
                 vec![("BN", i(64)), ("BK", i(32)), ("STAGES", i(4))],
-                vec![("BK", i(128)), ("WARPS_M", i(4)), ("WARPS_N", i(2)), ("STAGES", i(2))],
+                vec![
+                    ("BK", i(128)),
+                    ("WARPS_M", i(4)),
+                    ("WARPS_N", i(2)),
+                    ("STAGES", i(2)),
+                ],
             ] {
                 let mut over = over.clone();
                 over.push(("STAGE", s(stage)));
@@ -465,12 +470,8 @@ fn q8_experts(rows: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<u16>, Vec<f32>)
         .collect();
     let q = gemtune_kernels::quant::quantize_to_vec(GgmlType::Q8_0, &vals).expect("quantize");
     let deq = gemtune_kernels::quant::dequantize_to_vec(GgmlType::Q8_0, &q, rows * k).expect("deq");
-    let (qp, dp) = gemtune_kernels::families::to_planes(
-        gemtune_kernels::family::WType::Q8_0,
-        &q,
-        rows,
-        k,
-    );
+    let (qp, dp) =
+        gemtune_kernels::families::to_planes(gemtune_kernels::family::WType::Q8_0, &q, rows, k);
     (qp, dp, deq)
 }
 
@@ -499,7 +500,9 @@ fn moe_gemm_chain_matches_the_oracle() {
     }
     ids[5] = -1;
     ids[42] = experts as i32;
-    let weights: Vec<f32> = (0..tokens * k).map(|q| 0.1 + (q % 9) as f32 / 10.0).collect();
+    let weights: Vec<f32> = (0..tokens * k)
+        .map(|q| 0.1 + (q % 9) as f32 / 10.0)
+        .collect();
     let x: Vec<f32> = (0..tokens * d)
         .map(|c| ((c * 37 % 101) as f32 - 50.0) / 64.0)
         .collect();
@@ -543,7 +546,13 @@ fn moe_gemm_chain_matches_the_oracle() {
     let w_oracle: Vec<f32> = weights
         .iter()
         .zip(&ids)
-        .map(|(&w, &e)| if e >= 0 && (e as usize) < experts { w } else { 0.0 })
+        .map(|(&w, &e)| {
+            if e >= 0 && (e as usize) < experts {
+                w
+            } else {
+                0.0
+            }
+        })
         .collect();
     let mut want = vec![0f32; tokens * d];
     gemtune_kernels::oracle::moe_ffn(

@@ -10,8 +10,8 @@
 use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
 use gemtune_kernels::bind::moe::{
-    ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs,
-    MoeGemmGateUpArgs, MoeGroupArgs, MoeRouteArgs,
+    ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs, MoeGemmGateUpArgs,
+    MoeGroupArgs, MoeRouteArgs,
 };
 use gemtune_kernels::bind::rows::{
     ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, ScaleExpandArgs,

@@ -266,7 +266,10 @@ pub fn combine_experts(
                 continue;
             }
             let w = weights[p] as f64;
-            for (o, &v) in out[t * d..(t + 1) * d].iter_mut().zip(&yp[p * d..(p + 1) * d]) {
+            for (o, &v) in out[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(&yp[p * d..(p + 1) * d])
+            {
                 *o += w * v as f64;
             }
         }
@@ -461,7 +464,15 @@ mod tests {
         for v in &mut yp_nan[d..2 * d] {
             *v = f32::NAN;
         }
-        let out = combine_experts(&yp_nan, &[0, -1, 3, 1], &[0.5, 9.0, 0.25, 2.0], tokens, d, 4, k);
+        let out = combine_experts(
+            &yp_nan,
+            &[0, -1, 3, 1],
+            &[0.5, 9.0, 0.25, 2.0],
+            tokens,
+            d,
+            4,
+            k,
+        );
         assert_eq!(out[..3], [0.0, 0.5, 1.0]);
         // Token 1: 0.25 * [6, 7, 8] + 2 * [9, 10, 11].
         assert_eq!(out[3..], [19.5, 21.75, 24.0]);
