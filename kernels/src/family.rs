@@ -30,6 +30,7 @@ pub fn families() -> Vec<&'static dyn Family> {
         &crate::families::attn_decode::AttnDecode,
         &crate::families::moe_route::MoeRoute,
         &crate::families::moe_gemv::MoeGemv,
+        &crate::families::moe_gemm::MoeGemm,
     ]
 }
 

@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gemv.cu", include_str!("../cuda/gemv.cu")),
     ("moe_route.cu", include_str!("../cuda/moe_route.cu")),
     ("moe_gemv.cu", include_str!("../cuda/moe_gemv.cu")),
+    ("moe_gemm.cu", include_str!("../cuda/moe_gemm.cu")),
     ("stage_copy.cuh", include_str!("../cuda/stage_copy.cuh")),
     ("mmq.cu", include_str!("../cuda/mmq.cu")),
     ("dq_convert.cuh", include_str!("../cuda/dq_convert.cuh")),

@@ -1,11 +1,16 @@
-//! GPU checks of the mixture-of-experts families: `moe_route` and
-//! `moe_gemv` against their oracles on real and edge shapes, the router's
-//! tie rule on forced ties, and the expert GEMV's bytes read (only the
-//! chosen experts, each once however many tokens share it). All
+//! GPU checks of the mixture-of-experts families: `moe_route`, `moe_gemv`
+//! and `moe_gemm` against their oracles on real and edge shapes, the
+//! router's tie rule on forced ties, the expert GEMV's bytes read (only the
+//! chosen experts, each once however many tokens share it), and the prefill
+//! chain (GROUP, GATE_UP, DOWN, COMBINE through `bind::moe`) against
+//! `oracle::moe_ffn`. All
 //! `#[ignore = "needs a CUDA GPU"]`; without a GPU they panic with the
 //! reason instead of passing.
 
-use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use gemtune_kernels::bind::moe::{
+    moe_gemm_scratch, ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs,
+    MoeGemmGateUpArgs, MoeGroupArgs, MoeRouteArgs,
+};
 use gemtune_kernels::bind::NULL;
 use gemtune_kernels::defines::Defines;
 use gemtune_kernels::family::{family, Family, MoeProblem, Problem};
@@ -361,5 +366,262 @@ fn moe_gemv_reads_only_the_chosen_experts_once() {
                 );
             }
         }
+    }
+}
+
+/// moe_gemm's check shapes (variants/shapes/moe_prefill.toml) of one
+/// weight type, and the edge shapes every type shares.
+fn gemm_shapes(t: GgmlType) -> Vec<Problem> {
+    let mut v = Vec::new();
+    match t {
+        GgmlType::Q8_0 => {
+            v.push(moe(5, 128, 8, 2816, 704, t));
+            v.push(moe(20, 128, 8, 2816, 704, t));
+            v.push(moe(67, 16, 4, 512, 256, t));
+            v.push(moe(133, 16, 4, 512, 256, t));
+            v.push(moe(3, 4, 4, 128, 64, t));
+            v.push(moe(9, 256, 32, 128, 64, t));
+        }
+        GgmlType::Q4_0 => {
+            v.push(moe(9, 128, 8, 2816, 704, t));
+            v.push(moe(70, 12, 3, 256, 128, t));
+        }
+        GgmlType::Q4K => {
+            v.push(moe(9, 128, 8, 2816, 704, t));
+            v.push(moe(45, 10, 4, 512, 256, t));
+        }
+        GgmlType::Q5K => v.push(moe(33, 8, 2, 256, 256, t)),
+        GgmlType::Q6K => v.push(moe(33, 8, 2, 512, 256, t)),
+        GgmlType::F16 => v.push(moe(29, 6, 3, 96, 160, t)),
+        _ => v.push(moe(21, 5, 2, 224, 96, t)),
+    }
+    v
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_gemm_variants_pass() {
+    let gpu = gpu();
+    let f = family("moe_gemm").expect("registered");
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for t in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::F16,
+        GgmlType::Bf16,
+    ] {
+        let shapes = gemm_shapes(t);
+        for stage in ["GATE_UP", "DOWN"] {
+            for over in [
+                vec![],
+                vec![("DQ_TYPE", s("BF16"))],
+                vec![("BM", i(128))],
+                vec![("BM", i(32)), ("WARPS_M", i(1))],
+                vec![("BN", i(64)), ("BK", i(32)), ("STAGES", i(4))],
+                vec![
+                    ("BK", i(128)),
+                    ("WARPS_M", i(4)),
+                    ("WARPS_N", i(2)),
+                    ("STAGES", i(2)),
+                ],
+            ] {
+                let mut over = over.clone();
+                over.push(("STAGE", s(stage)));
+                let d = with(f.default_defines(t), &over);
+                let (b, n) = check_all(&gpu, f, &d, &shapes);
+                bad.extend(b);
+                checked += n;
+            }
+        }
+    }
+    // GROUP and COMBINE do not read the weights: the Q8_0 shapes, at
+    // several BM for GROUP's tile table.
+    let shapes = gemm_shapes(GgmlType::Q8_0);
+    for over in [
+        vec![("STAGE", s("GROUP"))],
+        vec![("STAGE", s("GROUP")), ("BM", i(16)), ("WARPS_M", i(1))],
+        vec![("STAGE", s("GROUP")), ("BM", i(128))],
+        vec![("STAGE", s("COMBINE"))],
+    ] {
+        let d = with(f.default_defines(GgmlType::Q8_0), &over);
+        let (b, n) = check_all(&gpu, f, &d, &shapes);
+        bad.extend(b);
+        checked += n;
+    }
+    assert!(checked >= 150, "only {checked} cells checked");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Random Q8_0 experts: (plane buffers' host bytes, dequantized values)
+/// of `rows` rows of `k`.
+fn q8_experts(rows: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<u16>, Vec<f32>) {
+    let mut s = seed;
+    let vals: Vec<f32> = (0..rows * k)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    let q = gemtune_kernels::quant::quantize_to_vec(GgmlType::Q8_0, &vals).expect("quantize");
+    let deq = gemtune_kernels::quant::dequantize_to_vec(GgmlType::Q8_0, &q, rows * k).expect("deq");
+    let (qp, dp) =
+        gemtune_kernels::families::to_planes(gemtune_kernels::family::WType::Q8_0, &q, rows, k);
+    (qp, dp, deq)
+}
+
+/// The prefill chain through `bind::moe` on one stream, twice (GROUP
+/// leaves nothing to reset): GROUP, GATE_UP, DOWN and COMBINE against
+/// `oracle::moe_ffn` on the dequantized experts, skipped pairs included.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_gemm_chain_matches_the_oracle() {
+    let gpu = gpu();
+    let f = family("moe_gemm").expect("registered");
+    let (tokens, experts, k, d, ffn) = (77usize, 16usize, 4usize, 256usize, 128usize);
+    let mut ids: Vec<i32> = (0..tokens * k)
+        .map(|q| {
+            let (t, j) = (q / k, q % k);
+            ((t * 5 + j * 3 + (t * j) % 7) % experts) as i32
+        })
+        .collect();
+    // Distinct per token: slot j of token t, shifted until unique.
+    for t in 0..tokens {
+        for j in 0..k {
+            while ids[t * k..t * k + j].contains(&ids[t * k + j]) {
+                ids[t * k + j] = (ids[t * k + j] + 1) % experts as i32;
+            }
+        }
+    }
+    ids[5] = -1;
+    ids[42] = experts as i32;
+    let weights: Vec<f32> = (0..tokens * k)
+        .map(|q| 0.1 + (q % 9) as f32 / 10.0)
+        .collect();
+    let x: Vec<f32> = (0..tokens * d)
+        .map(|c| ((c * 37 % 101) as f32 - 50.0) / 64.0)
+        .collect();
+    let (gq, gd, gdeq) = q8_experts(experts * 2 * ffn, d, 3);
+    let (dq, dd, ddeq) = q8_experts(experts * d, ffn, 4);
+    let base = f.default_defines(GgmlType::Q8_0);
+    let p = moe(tokens, experts, k, d, ffn, GgmlType::Q8_0);
+    let stage = |st: &str| {
+        let dfs = with(base.clone(), &[("STAGE", s(st))]);
+        let geo = f.validate(&dfs, &p, &gpu.limits()).expect("geometry");
+        let m = gpu.load(&build(&gpu, f, &dfs)).expect("load");
+        (m, geo)
+    };
+    let (mg, geo_g) = stage("GROUP");
+    let (mu, geo_u) = stage("GATE_UP");
+    let (md, geo_d) = stage("DOWN");
+    let (mc, geo_c) = stage("COMBINE");
+    let bm = 64;
+    let sc = moe_gemm_scratch(tokens, k, experts, d, ffn, bm);
+    let buf = |n: usize| gpu.alloc(n).expect("alloc");
+    let (counts, offsets, sorted, tiles, h, yp) = (
+        buf(sc.counts),
+        buf(sc.offsets),
+        buf(sc.sorted),
+        buf(sc.tiles),
+        buf(sc.h),
+        buf(sc.yp),
+    );
+    let ids_b = gpu.upload(&ids).expect("ids");
+    let w_b = gpu.upload(&weights).expect("weights");
+    let x_b = gpu.upload(&x).expect("x");
+    let y = buf(4 * tokens * d);
+    let (gq_b, gd_b, dq_b, dd_b) = (
+        gpu.upload(&gq).expect("gq"),
+        gpu.upload(&gd).expect("gd"),
+        gpu.upload(&dq).expect("dq"),
+        gpu.upload(&dd).expect("dd"),
+    );
+    let ids_u: Vec<usize> = ids.iter().map(|&e| e.max(0) as usize % experts).collect();
+    // The oracle with skipped pairs weighted 0 (they add nothing).
+    let w_oracle: Vec<f32> = weights
+        .iter()
+        .zip(&ids)
+        .map(|(&w, &e)| {
+            if e >= 0 && (e as usize) < experts {
+                w
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut want = vec![0f32; tokens * d];
+    gemtune_kernels::oracle::moe_ffn(
+        &x, &gdeq, &ddeq, &ids_u, &w_oracle, tokens, d, ffn, k, &mut want,
+    );
+    for run in 0..2 {
+        gpu.fill_u32(&y, 0x7fc0_dead).expect("poison");
+        let g = MoeGroupArgs {
+            ids: ids_b.ptr(),
+            counts: counts.ptr(),
+            offsets: offsets.ptr(),
+            sorted: sorted.ptr(),
+            tiles: tiles.ptr(),
+            n_tokens: tokens,
+            n_experts: experts,
+            n_used: k,
+            bm,
+        };
+        gpu.launch(&mg, &geo_g, &g.kargs()).expect("group");
+        let u = MoeGemmGateUpArgs {
+            w: ExpertWeights {
+                q: gq_b.ptr(),
+                d: gd_b.ptr(),
+            },
+            x: x_b.ptr(),
+            sorted: sorted.ptr(),
+            tiles: tiles.ptr(),
+            offsets: offsets.ptr(),
+            h: h.ptr(),
+            d,
+            ffn,
+            n_used: k,
+        };
+        gpu.launch(&mu, &geo_u, &u.kargs()).expect("gate_up");
+        let dn = MoeGemmDownArgs {
+            w: ExpertWeights {
+                q: dq_b.ptr(),
+                d: dd_b.ptr(),
+            },
+            h: h.ptr(),
+            sorted: sorted.ptr(),
+            tiles: tiles.ptr(),
+            offsets: offsets.ptr(),
+            yp: yp.ptr(),
+            d,
+            ffn,
+        };
+        gpu.launch(&md, &geo_d, &dn.kargs()).expect("down");
+        let c = MoeCombineArgs {
+            yp: yp.ptr(),
+            ids: ids_b.ptr(),
+            weights: w_b.ptr(),
+            y: y.ptr(),
+            n_tokens: tokens,
+            d,
+            n_experts: experts,
+            n_used: k,
+        };
+        gpu.launch(&mc, &geo_c, &c.kargs()).expect("combine");
+        gpu.synchronize().expect("sync");
+        let got: Vec<f32> = gpu.download(&y).expect("y");
+        let (mut e2, mut r2) = (0f64, 0f64);
+        for (&g, &w) in got.iter().zip(&want) {
+            assert!(g.is_finite(), "run {run}: non-finite output");
+            e2 += (g as f64 - w as f64).powi(2);
+            r2 += (w as f64).powi(2);
+        }
+        let rel = (e2 / r2).sqrt();
+        // f16 operands in two chained GEMMs.
+        assert!(rel < 4e-3, "run {run}: rms_rel {rel:.3e} against moe_ffn");
     }
 }

@@ -9,7 +9,10 @@
 
 use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
 use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
-use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use gemtune_kernels::bind::moe::{
+    ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs, MoeGemmGateUpArgs,
+    MoeGroupArgs, MoeRouteArgs,
+};
 use gemtune_kernels::bind::rows::{
     ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, ScaleExpandArgs,
     SoftcapArgs,
@@ -120,6 +123,13 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
                 GgmlType::Q8_0,
                 vec![("COUNT_BYTES", int(1)), ("STAGE", text("DOWN"))],
             ));
+        }
+        "moe_gemm" => {
+            for st in ["GROUP", "DOWN", "COMBINE"] {
+                v.push((GgmlType::Q8_0, vec![("STAGE", text(st))]));
+            }
+            v.push((GgmlType::Q4K, vec![("DQ_TYPE", text("BF16"))]));
+            v.push((GgmlType::F16, vec![("STAGE", text("DOWN"))]));
         }
         "attn_decode" => {
             v.push((GgmlType::Q8_0, vec![("ALGO", int(0))]));
@@ -399,6 +409,58 @@ fn launches(
                     n_used: 0,
                 }
                 .kargs()
+            };
+            vec![(main, args)]
+        }
+        "moe_gemm" => {
+            let w = ExpertWeights { q: NULL, d: NULL };
+            let args = match main.as_str() {
+                "moe_gemm_group" => MoeGroupArgs {
+                    ids: NULL,
+                    counts: NULL,
+                    offsets: NULL,
+                    sorted: NULL,
+                    tiles: NULL,
+                    n_tokens: 0,
+                    n_experts: 0,
+                    n_used: 0,
+                    bm: 0,
+                }
+                .kargs(),
+                "moe_gemm_gate_up" => MoeGemmGateUpArgs {
+                    w,
+                    x: NULL,
+                    sorted: NULL,
+                    tiles: NULL,
+                    offsets: NULL,
+                    h: NULL,
+                    d: 0,
+                    ffn: 0,
+                    n_used: 0,
+                }
+                .kargs(),
+                "moe_gemm_down" => MoeGemmDownArgs {
+                    w,
+                    h: NULL,
+                    sorted: NULL,
+                    tiles: NULL,
+                    offsets: NULL,
+                    yp: NULL,
+                    d: 0,
+                    ffn: 0,
+                }
+                .kargs(),
+                _ => MoeCombineArgs {
+                    yp: NULL,
+                    ids: NULL,
+                    weights: NULL,
+                    y: NULL,
+                    n_tokens: 0,
+                    d: 0,
+                    n_experts: 0,
+                    n_used: 0,
+                }
+                .kargs(),
             };
             vec![(main, args)]
         }

@@ -12,6 +12,7 @@ pub mod gemm_wgmma;
 pub mod gemv;
 pub(crate) mod memo;
 pub mod mmq;
+pub mod moe_gemm;
 pub mod moe_gemv;
 pub mod moe_route;
 pub mod ple;

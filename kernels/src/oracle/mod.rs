@@ -19,7 +19,10 @@ pub use activation::{gelu_tanh, softcap, softmax};
 pub use attention::{attention, AttnParams};
 pub use ffn::gated_ffn;
 pub use matmul::{matmul, matmul_quant};
-pub use moe::{expert_hidden, moe_ffn, route, route_topk, route_weights, Routing, ROUTE_MIN_SUM};
+pub use moe::{
+    combine_experts, expert_hidden, group_by_expert, moe_ffn, route, route_topk, route_weights,
+    MoeGrouping, Routing, ROUTE_MIN_SUM,
+};
 pub use norm::{rms_inv, rms_norm};
 pub use rope::{proportional_freq_factors, rope_inv_freq, rope_neox};
 

@@ -180,6 +180,103 @@ pub fn expert_hidden(gate_up: &[f32], x: &[f32], d: usize, ff: usize) -> Vec<f32
         .collect()
 }
 
+/// The grouping of a prefill chunk's (token, slot) pairs by expert
+/// (`moe_gemm`'s GROUP stage): `ids` is `[tokens][k]`; an id outside
+/// `0..experts` marks a skipped pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoeGrouping {
+    /// Pairs per expert, `[experts]`.
+    pub counts: Vec<i32>,
+    /// Exclusive prefix of `counts`, then the valid pair count, `[experts + 1]`.
+    pub offsets: Vec<i32>,
+    /// The valid pairs `t*k + j` grouped by expert, ascending inside a
+    /// group (the kernel's order inside a group is free).
+    pub sorted: Vec<i32>,
+    /// Per tile (expert, first sorted row): each expert's rows cut into
+    /// `ceil(count / bm)` tiles of `bm`, experts in order, then `(-1, 0)` up
+    /// to `ceil(pairs / bm) + experts` entries.
+    pub tiles: Vec<[i32; 2]>,
+}
+
+/// `MoeGrouping` of `ids` over `experts` experts with `bm` rows per tile.
+pub fn group_by_expert(ids: &[i32], experts: usize, bm: usize) -> MoeGrouping {
+    assert!(bm > 0, "oracle: group_by_expert bm = 0");
+    let valid = |e: i32| e >= 0 && (e as usize) < experts;
+    let mut counts = vec![0i32; experts];
+    for &e in ids {
+        if valid(e) {
+            counts[e as usize] += 1;
+        }
+    }
+    let mut offsets = Vec::with_capacity(experts + 1);
+    let mut acc = 0i32;
+    for &c in &counts {
+        offsets.push(acc);
+        acc += c;
+    }
+    offsets.push(acc);
+    let mut sorted = vec![0i32; acc as usize];
+    let mut cur: Vec<i32> = offsets[..experts].to_vec();
+    for (p, &e) in ids.iter().enumerate() {
+        if valid(e) {
+            sorted[cur[e as usize] as usize] = p as i32;
+            cur[e as usize] += 1;
+        }
+    }
+    let max_tiles = ids.len().div_ceil(bm) + experts;
+    let mut tiles = Vec::with_capacity(max_tiles);
+    for e in 0..experts {
+        let mut s = 0;
+        while s < counts[e] {
+            tiles.push([e as i32, offsets[e] + s]);
+            s += bm as i32;
+        }
+    }
+    tiles.resize(max_tiles, [-1, 0]);
+    MoeGrouping {
+        counts,
+        offsets,
+        sorted,
+        tiles,
+    }
+}
+
+/// The weighted sum of each token's expert outputs (`moe_gemm`'s COMBINE):
+/// `out[t][r] = sum_j weights[t][j] * yp[t*k + j][r]` over the slots whose
+/// id is in `0..experts`, in f64 (`yp` `[tokens*k][d]`; rows of skipped
+/// pairs are not read).
+#[allow(clippy::too_many_arguments)]
+pub fn combine_experts(
+    yp: &[f32],
+    ids: &[i32],
+    weights: &[f32],
+    tokens: usize,
+    d: usize,
+    experts: usize,
+    k: usize,
+) -> Vec<f64> {
+    check_len("combine_experts yp", yp.len(), tokens * k * d);
+    check_len("combine_experts ids", ids.len(), tokens * k);
+    check_len("combine_experts weights", weights.len(), tokens * k);
+    let mut out = vec![0f64; tokens * d];
+    for t in 0..tokens {
+        for j in 0..k {
+            let p = t * k + j;
+            if ids[p] < 0 || ids[p] as usize >= experts {
+                continue;
+            }
+            let w = weights[p] as f64;
+            for (o, &v) in out[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(&yp[p * d..(p + 1) * d])
+            {
+                *o += w * v as f64;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +430,51 @@ mod tests {
         }
         // f32 rounding of the two intermediate stages only.
         assert!((e2 / r2).sqrt() < 1e-6, "rms_rel {}", (e2 / r2).sqrt());
+    }
+
+    #[test]
+    fn grouping_counts_orders_and_tiles() {
+        // 4 tokens x 3 slots over 5 experts; -1 and 5 are skipped pairs.
+        let ids = [
+            2, 0, 4, //
+            2, -1, 0, //
+            2, 0, 5, //
+            2, 1, 0,
+        ];
+        let g = group_by_expert(&ids, 5, 2);
+        assert_eq!(g.counts, vec![4, 1, 4, 0, 1]);
+        assert_eq!(g.offsets, vec![0, 4, 5, 9, 9, 10]);
+        assert_eq!(g.sorted, vec![1, 5, 7, 11, 10, 0, 3, 6, 9, 2]);
+        // Expert 0: 2 tiles, 1: 1, 2: 2, 3: none, 4: 1; then 6 + 5 - 6 empty.
+        let want: Vec<[i32; 2]> = vec![[0, 0], [0, 2], [1, 4], [2, 5], [2, 7], [4, 9]];
+        assert_eq!(&g.tiles[..6], &want[..]);
+        assert_eq!(g.tiles.len(), 12usize.div_ceil(2) + 5);
+        assert!(g.tiles[6..].iter().all(|&t| t == [-1, 0]));
+        // bm larger than every group: one tile per non-empty expert.
+        let g = group_by_expert(&ids, 5, 64);
+        assert_eq!(g.tiles[..4], [[0, 0], [1, 4], [2, 5], [4, 9]]);
+    }
+
+    #[test]
+    fn combine_skips_invalid_slots_and_weights_the_rest() {
+        let (tokens, d, k) = (2usize, 3usize, 2usize);
+        let yp: Vec<f32> = (0..tokens * k * d).map(|i| i as f32).collect();
+        let mut yp_nan = yp.clone();
+        // Pair 1 (token 0, slot 1) is skipped: its row is never read.
+        for v in &mut yp_nan[d..2 * d] {
+            *v = f32::NAN;
+        }
+        let out = combine_experts(
+            &yp_nan,
+            &[0, -1, 3, 1],
+            &[0.5, 9.0, 0.25, 2.0],
+            tokens,
+            d,
+            4,
+            k,
+        );
+        assert_eq!(out[..3], [0.0, 0.5, 1.0]);
+        // Token 1: 0.25 * [6, 7, 8] + 2 * [9, 10, 11].
+        assert_eq!(out[3..], [19.5, 21.75, 24.0]);
     }
 }

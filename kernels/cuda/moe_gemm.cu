@@ -1,0 +1,681 @@
+// moe_gemm.cu: the expert half of a mixture-of-experts FFN for a prefill
+// chunk of M tokens (1..4096), as grouped tensor-core GEMMs over the chosen
+// experts only. Four stages, one per variant (STAGE), each its own entry:
+//
+//   GROUP (moe_gemm_group): from ids i32 [M][K] (K = n_used <= 32; an id
+//     outside 0..E-1 marks a skipped pair), with E = n_experts <= 256:
+//       counts i32 [E]       pairs per expert
+//       offsets i32 [E + 1]  exclusive prefix of counts; offsets[E] = valid pairs
+//       sorted i32 [M*K]     the valid pairs p = t*K + j grouped by expert:
+//                            expert e's at sorted[offsets[e] .. offsets[e+1]),
+//                            in no particular order inside the group (shared
+//                            atomics); entries past offsets[E] are not written
+//       tiles int2 [T]       T = ceil(M*K / bm) + E: tile i is (expert e,
+//                            first sorted row s) of the i-th BM-row tile in
+//                            expert order (each expert's rows cut into
+//                            ceil(counts[e] / bm) tiles); tiles past the
+//                            count are (-1, 0)
+//     One block of 1024 threads, shared-memory counters only: nothing in
+//     global memory carries state between launches, so it replays in a
+//     CUDA graph with no reset. `bm` is the GEMM stages' BM.
+//   GATE_UP (moe_gemm_gate_up): for every sorted row s of tile
+//     blockIdx.y, pair p = sorted[s], token t = p / K, expert e of the tile:
+//       h[p][r] = gelu_tanh(G_e[r] . x_t) * (U_e[r] . x_t),   r < ffn
+//     G_e / U_e: rows e*2ffn + r and e*2ffn + ffn + r of the gate_up tensor
+//     (E * 2*ffn rows of d). x f32 [M][d], h f32 [M*K][ffn] (pair rows;
+//     rows of skipped pairs are not written).
+//   DOWN (moe_gemm_down): yp[p][r] = D_e[r] . h[p], r < d, D_e rows e*d + r
+//     of the down tensor (E * d rows of ffn); yp f32 [M*K][d], unweighted.
+//   COMBINE (moe_gemm_combine): y[t][r] = sum_j weights[t][j] * yp[t*K+j][r]
+//     over the valid j in slot order, one f32 fma per term from 0
+//     (deterministic: a CPU replay with fused multiply-adds is bit-exact);
+//     y f32 [M][d]; yp rows of skipped pairs are never read.
+//
+// Weights (GATE_UP, DOWN): moe_gemv's LAYOUT 1, the expert tensor as one
+// matrix of E * rows rows of k (bind::moe::ExpertWeights): Q8_0 int8 quants
+// [rows][k] and f16 scales [rows][k/32]; Q4_0 nibbles [rows][k/2] (GGUF
+// order per 16-byte block) and f16 scales; Q4_K / Q5_K / Q6_K nibble plane
+// [rows][k/2] and GEMV side records per 256-element super-block (kquant.cuh:
+// 16, 48, 88 bytes); F16 / BF16 values [rows][k]. Every weight is
+// dequantized to its exact ggml value and rounded once to DQ_TYPE.
+//
+// GEMM (GATE_UP, DOWN): mma.sync m16n8k16 on DQ_TYPE operands, f32
+// accumulation. A block computes one BM x BN output tile of one expert:
+// rows = the tile's sorted rows (past the expert's end: zero rows, never
+// stored), columns = BN weight rows (GATE_UP: BN/2 gate rows and the same
+// BN/2 up rows, warp wn taking gate and up rows r0 + wn*WN/2 .. + WN/2 as
+// its first and second WN/2 columns, so the GELU product is formed in
+// registers). Per BK step a STAGES-deep cp.async ring stages the gathered
+// f32 activation rows (A: x rows t or h rows p, 16-byte copies, row pitch
+// 4*BK + 64 bytes) and the raw weight quants and scales / side records
+// (B); out-of-range rows and k are zero-filled. A fragments are read as
+// f32 (one 16-byte load per row gives a thread's k 4t..4t+3) and rounded
+// to DQ_TYPE in registers; B fragments are dequantized from the staged
+// quants, four consecutive k per thread, the permutation gemm_dq uses: a
+// thread's MMA k slots (2t, 2t+1, 2t+8, 2t+9) hold k 4t..4t+3 of each k16
+// step in both operands, which changes only the summation order. Every
+// row's result is independent of its position in the tile.
+// Contract: GROUP and COMBINE bit-exact; GATE_UP and DOWN approx against
+// the f64 oracle (operand rounding to DQ_TYPE), tight against the CPU
+// replay on rounded operands (fp32 summation only).
+//
+// Grid: GROUP (1, 1), 1024 threads. GATE_UP (ceil(ffn / (BN/2)), T),
+// DOWN (ceil(d / BN), T), T = ceil(M*K / BM) + E (blocks whose tile is
+// (-1, 0) exit), WARPS_M * WARPS_N * 32 threads, dynamic shared memory
+// STAGES * (BM * (4*BK + 64) + BN * PAD16(BKW) + BN * SCB) with BKW the
+// quant bytes of BK weights (BK, BK/2 or 2*BK) and SCB the scale / side
+// bytes of a row per stage (Q8_0 / Q4_0 4 * max(BK/64, 1), the k-quants
+// one side record, F16 / BF16 0), rounded up to 16. COMBINE
+// (ceil(d / 1024), M), 256 threads, 4 outputs per thread.
+// Sizes: K % 32 == 0 for every weight (k = d for GATE_UP, ffn for DOWN),
+// % 64 for Q8_0 / Q4_0 (two f16 scales per 4-byte copy), % 256 for the
+// k-quants; d and ffn multiples of 32.
+//
+// Defines:
+//   STAGE     GROUP | GATE_UP | DOWN | COMBINE
+//   WTYPE     expert weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
+//   LAYOUT    1 (moe_gemv's planes; the only layout this family reads)
+//   DQ_TYPE   MMA operand type: F16 | BF16
+//   BM        sorted rows per tile (multiple of 16*WARPS_M)
+//   BN        weight rows per tile (multiple of 8*WARPS_N; GATE_UP 16*WARPS_N)
+//   BK        k per pipeline stage: 32 | 64 | 128
+//   WARPS_M   warps along rows
+//   WARPS_N   warps along weight rows
+//   STAGES    cp.async pipeline depth: 2..4
+
+#ifndef STAGE
+#error "moe_gemm.cu needs STAGE"
+#endif
+#ifndef WTYPE
+#error "moe_gemm.cu needs WTYPE"
+#endif
+#ifndef LAYOUT
+#error "moe_gemm.cu needs LAYOUT"
+#endif
+#ifndef DQ_TYPE
+#error "moe_gemm.cu needs DQ_TYPE"
+#endif
+#ifndef BM
+#error "moe_gemm.cu needs BM"
+#endif
+#ifndef BN
+#error "moe_gemm.cu needs BN"
+#endif
+#ifndef BK
+#error "moe_gemm.cu needs BK"
+#endif
+#ifndef WARPS_M
+#error "moe_gemm.cu needs WARPS_M"
+#endif
+#ifndef WARPS_N
+#error "moe_gemm.cu needs WARPS_N"
+#endif
+#ifndef STAGES
+#error "moe_gemm.cu needs STAGES"
+#endif
+
+#define GROUP 1
+#define GATE_UP 2
+#define DOWN 3
+#define COMBINE 4
+
+#include "common.cuh"
+#include "kquant.cuh"
+
+#if DQ_TYPE != F16 && DQ_TYPE != BF16
+#error "moe_gemm.cu: DQ_TYPE must be F16 or BF16"
+#endif
+
+#if STAGE != GROUP && STAGE != GATE_UP && STAGE != DOWN && STAGE != COMBINE
+#error "moe_gemm.cu: STAGE must be GROUP, GATE_UP, DOWN or COMBINE"
+#endif
+#if WTYPE != Q8_0 && WTYPE != Q4_0 && !IS_KQUANT(WTYPE) && !IS_W16(WTYPE)
+#error "moe_gemm.cu: WTYPE must be Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16 or BF16"
+#endif
+#if LAYOUT != 1
+#error "moe_gemm.cu: LAYOUT must be 1 (moe_gemv's planes)"
+#endif
+#if BK != 32 && BK != 64 && BK != 128
+#error "moe_gemm.cu: BK must be 32, 64 or 128"
+#endif
+#if STAGES < 2 || STAGES > 4
+#error "moe_gemm.cu: STAGES must be 2, 3 or 4"
+#endif
+#if BM % (16 * WARPS_M) != 0 || BN % (8 * WARPS_N) != 0
+#error "moe_gemm.cu: the tile does not divide the warp layout"
+#endif
+#if STAGE == GATE_UP && BN % (16 * WARPS_N) != 0
+#error "moe_gemm.cu: GATE_UP needs BN a multiple of 16*WARPS_N (gate and up halves per warp)"
+#endif
+
+// Most experts and experts per token (moe_route's bounds).
+#define MAX_EXPERTS 256
+#define MAX_USED 32
+
+#if STAGE == GROUP || STAGE == COMBINE
+DEVI bool valid_expert(int e, int n_experts) { return e >= 0 && e < n_experts; }
+#endif
+
+#if STAGE == GROUP
+#define GROUP_THREADS 1024
+
+extern "C" __global__ void __launch_bounds__(GROUP_THREADS, 1)
+moe_gemm_group(const int* __restrict__ ids, int* __restrict__ counts, int* __restrict__ offsets,
+               int* __restrict__ sorted, int2* __restrict__ tiles, int n_tokens, int n_experts, int n_used,
+               int bm) {
+    __shared__ int s_cnt[MAX_EXPERTS];
+    __shared__ int s_cur[MAX_EXPERTS];
+    __shared__ int s_off[MAX_EXPERTS + 1];
+    __shared__ int s_toff[MAX_EXPERTS + 1];
+    const int tid = threadIdx.x;
+    const int np = n_tokens * n_used;
+    for (int e = tid; e < n_experts; e += GROUP_THREADS) {
+        s_cnt[e] = 0;
+        s_cur[e] = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < np; i += GROUP_THREADS) {
+        const int e = __ldg(ids + i);
+        if (valid_expert(e, n_experts)) atomicAdd(&s_cnt[e], 1);
+    }
+    __syncthreads();
+    // Warp 0: exclusive prefix sums of the counts and of the tiles per
+    // expert (8 experts per lane, then a warp scan of the lane totals).
+    if (tid < 32) {
+        int c[MAX_EXPERTS / 32], tl[MAX_EXPERTS / 32];
+        int sc = 0, st = 0;
+#pragma unroll
+        for (int i = 0; i < MAX_EXPERTS / 32; ++i) {
+            const int e = tid * (MAX_EXPERTS / 32) + i;
+            const int n = e < n_experts ? s_cnt[e] : 0;
+            c[i] = n;
+            tl[i] = (n + bm - 1) / bm;
+            sc += c[i];
+            st += tl[i];
+        }
+        int ic = sc, it = st;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int vc = __shfl_up_sync(0xffffffffu, ic, o);
+            const int vt = __shfl_up_sync(0xffffffffu, it, o);
+            if (tid >= o) {
+                ic += vc;
+                it += vt;
+            }
+        }
+        int oc = ic - sc, ot = it - st;
+#pragma unroll
+        for (int i = 0; i < MAX_EXPERTS / 32; ++i) {
+            const int e = tid * (MAX_EXPERTS / 32) + i;
+            if (e < n_experts) {
+                s_off[e] = oc;
+                s_toff[e] = ot;
+            }
+            oc += c[i];
+            ot += tl[i];
+        }
+        if (tid == 31) {
+            s_off[n_experts] = ic;
+            s_toff[n_experts] = it;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e <= n_experts; e += GROUP_THREADS) {
+        if (e < n_experts) counts[e] = s_cnt[e];
+        offsets[e] = s_off[e];
+    }
+    // Tile i: the expert whose tile range holds i (binary search over the
+    // tile prefix; experts with no tiles have empty ranges).
+    const int n_tiles = s_toff[n_experts];
+    const int max_tiles = (np + bm - 1) / bm + n_experts;
+    for (int i = tid; i < max_tiles; i += GROUP_THREADS) {
+        int2 v = make_int2(-1, 0);
+        if (i < n_tiles) {
+            int lo = 0, hi = n_experts - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (s_toff[mid] <= i)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            v = make_int2(lo, s_off[lo] + (i - s_toff[lo]) * bm);
+        }
+        tiles[i] = v;
+    }
+    for (int i = tid; i < np; i += GROUP_THREADS) {
+        const int e = __ldg(ids + i);
+        if (valid_expert(e, n_experts)) sorted[s_off[e] + atomicAdd(&s_cur[e], 1)] = i;
+    }
+}
+
+#elif STAGE == COMBINE
+
+extern "C" __global__ void __launch_bounds__(256)
+moe_gemm_combine(const float* __restrict__ yp, const int* __restrict__ ids, const float* __restrict__ weights,
+                 float* __restrict__ y, int n_tokens, int d, int n_experts, int n_used) {
+    const int t = blockIdx.y;
+    const int c = (blockIdx.x * 256 + threadIdx.x) * 4;
+    if (t >= n_tokens || c >= d) return;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < n_used; ++j) {
+        const int p = t * n_used + j;
+        if (!valid_expert(__ldg(ids + p), n_experts)) continue;
+        const float w = __ldg(weights + p);
+        const float4 v = __ldg(reinterpret_cast<const float4*>(yp + (u64)p * d + c));
+        acc.x = fmaf(w, v.x, acc.x);
+        acc.y = fmaf(w, v.y, acc.y);
+        acc.z = fmaf(w, v.z, acc.z);
+        acc.w = fmaf(w, v.w, acc.w);
+    }
+    *reinterpret_cast<float4*>(y + (u64)t * d + c) = acc;
+}
+
+#else  // GATE_UP, DOWN
+
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define WM (BM / WARPS_M)
+#define WN (BN / WARPS_N)
+#define MI (WM / 16)
+#define NJ (WN / 8)
+#define KB (BK / 32)
+
+// A: BM rows of BK f32, pitch 4*BK + 64 (= 64 mod 128: the two rows a
+// quarter-warp reads with 16-byte loads fall in distinct banks).
+#define SA (4 * BK + 64)
+#define CA (BK / 4)  // 16-byte chunks per A row
+#define A_BYTES (BM * SA)
+
+// B: quant bytes of BK weights per row.
+#if WTYPE == Q8_0
+#define BKW BK
+#elif IS_W16(WTYPE)
+#define BKW (2 * BK)
+#else
+#define BKW (BK / 2)
+#endif
+#define SB PAD16(BKW)
+#define CB (BKW / 16)  // 16-byte chunks per B row
+#define B_BYTES (BN * SB)
+
+// Scale / side bytes per row per stage and their copy unit.
+#if WTYPE == Q8_0 || WTYPE == Q4_0
+// The 4-byte words of f16 scales covering the stage's groups (k % 64 == 0,
+// so a row's scales start 4-byte aligned): BK = 32 copies the word of the
+// group pair its group lies in.
+#define SCW (KB >= 2 ? KB / 2 : 1)
+#define SCB (4 * SCW)
+#define SC_CHUNK 4
+#elif WTYPE == Q4_K
+#define REC 16
+#elif WTYPE == Q5_K
+#define REC 48
+#elif WTYPE == Q6_K
+#define REC KQ6_REC
+#endif
+#ifdef REC
+#define SCB REC
+#define SC_CHUNK 8
+#endif
+#if IS_W16(WTYPE)
+#define SCB 0
+#define SC_CHUNK 4
+#endif
+#define S_BYTES (((BN * SCB) + 15) / 16 * 16)
+#define STAGE_BYTES (A_BYTES + B_BYTES + S_BYTES)
+
+#define PA ((BM * CA + THREADS - 1) / THREADS)
+#define PB ((BN * CB + THREADS - 1) / THREADS)
+#define SCN (SCB / SC_CHUNK)  // scale / side chunks per row
+#define PS (SCN > 0 ? (BN * SCN + THREADS - 1) / THREADS : 0)
+
+#if STAGE == GATE_UP
+#define N_OUT_STEP (BN / 2)
+#else
+#define N_OUT_STEP BN
+#endif
+
+DEVI void mma_tile(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if DQ_TYPE == F16
+    mma_f16_16816(d, a, b0, b1);
+#else
+    mma_bf16_16816(d, a, b0, b1);
+#endif
+}
+
+DEVI u32 dq_pack(float lo, float hi) {
+#if DQ_TYPE == F16
+    return pack_f16x2(lo, hi);
+#else
+    return pack_bf16x2(lo, hi);
+#endif
+}
+
+#if WTYPE == Q8_0 || WTYPE == Q4_0
+// Dequantizes 4 biased bytes into two operand words (common.cuh).
+DEVI void dq4(u32 u, float d, u32 bias_h2, float bias_f, u32& lo, u32& hi) {
+#if DQ_TYPE == F16
+    (void)bias_f;
+    dq4_f16(u, d, bias_h2, lo, hi);
+#else
+    (void)bias_h2;
+    dq4_bf16(u, d, bias_f, lo, hi);
+#endif
+}
+#endif
+
+// Tile-local weight row n (0..BN) -> weight row of expert e in the tensor,
+// or -1 past the matrix. GATE_UP: warp wn's first WN/2 columns are gate
+// rows, its last WN/2 the up rows of the same r.
+DEVI int weight_row(int n, int e, int col0, int d, int ffn) {
+#if STAGE == GATE_UP
+    const int wn = n / WN, i = n % WN;
+    const int r = col0 + wn * (WN / 2) + i % (WN / 2);
+    return r < ffn ? e * 2 * ffn + (i >= WN / 2 ? ffn : 0) + r : -1;
+#else
+    (void)ffn;
+    const int r = col0 + n;
+    return r < d ? e * d + r : -1;
+#endif
+}
+
+// One thread's share of a stage's copies, fixed for the whole k loop: its
+// A rows' element offsets (0xffffffff: a row past the tile's end), its B
+// rows (-1: past the matrix).
+struct Loader {
+    u32 a_off[PA];
+    int b_row[PB];
+#if PS > 0
+    int s_row[PS];
+#endif
+};
+
+#if IS_KQUANT(WTYPE)
+// The k-quant group index (0..7) inside its super-block of k16 step ks of
+// k tile kt.
+DEVI int kq_group(int kt, int ks) { return (kt % (256 / BK)) * KB + ks / 2; }
+#endif
+
+DEVI void load_stage(const Loader& L, u32 st, const float* __restrict__ act, const u8* __restrict__ wq,
+                     const u8* __restrict__ wd, int kt, int K) {
+    const int tid = threadIdx.x;
+    const int k0 = kt * BK;
+    // A: gathered f32 rows.
+#pragma unroll
+    for (int it = 0; it < PA; ++it) {
+        const int c = tid + it * THREADS;
+        if ((BM * CA) % THREADS == 0 || c < BM * CA) {
+            const int r = c / CA, col = c % CA;
+            const int k = k0 + col * 4;
+            const bool ok = L.a_off[it] != 0xffffffffu && k < K;
+            cp_async16(st + r * SA + col * 16, ok ? act + L.a_off[it] + k : act, ok ? 16 : 0);
+        }
+    }
+    // B: quants (or 16-bit values), BKW bytes per row.
+#pragma unroll
+    for (int it = 0; it < PB; ++it) {
+        const int c = tid + it * THREADS;
+        if ((BN * CB) % THREADS == 0 || c < BN * CB) {
+            const int r = c / CB, col = c % CB;
+            const int row = L.b_row[it];
+            const bool ok = row >= 0 && k0 + col * (16 * BK / BKW) < K;
+            const u8* src = wq + (u64)(row < 0 ? 0 : row) * (u64)((u64)K * BKW / BK) + (u64)k0 * BKW / BK + col * 16;
+            cp_async16(st + A_BYTES + r * SB + col * 16, ok ? src : wq, ok ? 16 : 0);
+        }
+    }
+#if PS > 0
+    // Scales (4-byte words of f16 pairs) or side records (8-byte pieces).
+#pragma unroll
+    for (int it = 0; it < PS; ++it) {
+        const int c = tid + it * THREADS;
+        if ((BN * SCN) % THREADS == 0 || c < BN * SCN) {
+            const int r = c / SCN, col = c % SCN;
+            const int row = L.s_row[it];
+            const bool ok = row >= 0 && k0 < K;
+            const u32 dst = st + A_BYTES + B_BYTES + r * SCB + col * SC_CHUNK;
+#if SC_CHUNK == 4
+            // f16 scales: [rows][K/32]; the words from group (kt*KB) & ~1.
+            const u8* src = wd + ((u64)(row < 0 ? 0 : row) * (K / 32) + ((kt * KB) & ~1)) * 2 + col * 4;
+            cp_async4(dst, ok ? src : wd, ok ? 4 : 0);
+#else
+            const u8* src = wd + ((u64)(row < 0 ? 0 : row) * (K / 256) + k0 / 256) * REC + col * 8;
+            cp_async8(dst, ok ? src : wd, ok ? 8 : 0);
+#endif
+        }
+    }
+#endif
+}
+
+// The operand words b0 (k 4t, 4t+1) and b1 (4t+2, 4t+3) of k16 step ks of
+// the staged weight row at `q` (row base), its scales / side record at `sc`.
+DEVI void dq_b(const u8* q, const u8* sc, int kt, int ks, int t, u32& b0, u32& b1) {
+#if WTYPE == Q8_0 || WTYPE == Q4_0
+    // Group G = kt*KB + ks/2; its scale is half G & 1 of word (ks/2)/2
+    // (BK >= 64) or of the stage's one word (BK = 32).
+    const int gi = ks / 2;
+    const u32 w = reinterpret_cast<const u32*>(sc)[KB >= 2 ? gi / 2 : 0];
+    const int half = KB >= 2 ? (gi & 1) : (kt & 1);
+    const float d = h2f((u16)(half ? w >> 16 : w & 0xffffu));
+#if WTYPE == Q8_0
+    const u32 v = *reinterpret_cast<const u32*>(q + ks * 16 + t * 4);
+    // int8 q -> unsigned q + 128 by flipping the sign bits.
+    dq4(v ^ 0x80808080u, d, 0x64806480u, 8388736.0f, b0, b1);
+#else
+    const u32 v = *reinterpret_cast<const u32*>(q + gi * 16 + t * 4);
+    const u32 nib = (ks & 1) ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu;
+    dq4(nib, d, 0x64086408u, 8388616.0f, b0, b1);
+#endif
+#elif IS_W16(WTYPE)
+    (void)sc;
+    (void)kt;
+    const uint2 v = *reinterpret_cast<const uint2*>(q + ks * 32 + t * 8);
+#if WTYPE == DQ_TYPE
+    b0 = v.x;
+    b1 = v.y;
+#elif WTYPE == F16
+    b0 = dq_pack(h2f((u16)(v.x & 0xffffu)), h2f((u16)(v.x >> 16)));
+    b1 = dq_pack(h2f((u16)(v.y & 0xffffu)), h2f((u16)(v.y >> 16)));
+#else
+    b0 = dq_pack(__int_as_float((int)(v.x << 16)), __int_as_float((int)(v.x & 0xffff0000u)));
+    b1 = dq_pack(__int_as_float((int)(v.y << 16)), __int_as_float((int)(v.y & 0xffff0000u)));
+#endif
+#else
+    // k-quants: nibble word t of group ks/2; low nibbles for even ks
+    // (elements 4t..), high for odd (16 + 4t..); the group's scale / min
+    // (or Q6_K's two scales) and high words from the side record.
+    const int half = ks & 1;
+    const int j = kq_group(kt, ks);
+    const u32 v = *reinterpret_cast<const u32*>(q + (ks / 2) * 16 + t * 4);
+    u32 h[2];
+    float f[4];
+#if WTYPE == Q6_K
+    const uint2 hh = *reinterpret_cast<const uint2*>(sc + 8 * j);
+    h[0] = hh.x;
+    h[1] = hh.y;
+    const u32 s2 = *reinterpret_cast<const u16*>(sc + 64 + 2 * j);
+    const float dd = h2f(*reinterpret_cast<const u16*>(sc + 80));
+    const float ds = dd * (float)(i8)(half ? (s2 >> 8) : (s2 & 0xffu));
+    const u32 qb = half ? kq_hi(v, h, t) : kq_lo(v, h, t);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) f[b] = ds * kq_f6(qb, b);
+#else
+    const uint4 hd = *reinterpret_cast<const uint4*>(sc);
+    u32 s6, m6;
+    kq_scale_min(hd, j, s6, m6);
+    const float ds = h2f((u16)(hd.x & 0xffffu)) * (float)s6;
+    const float ms = h2f((u16)(hd.x >> 16)) * (float)m6;
+#if WTYPE == Q5_K
+    h[0] = *reinterpret_cast<const u32*>(sc + 16 + 4 * j);
+#else
+    h[0] = 0;
+#endif
+    h[1] = 0;
+    const u32 qb = half ? kq_hi(v, h, t) : kq_lo(v, h, t);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) f[b] = fmaf(kq_f(qb, b), ds, -ms);
+#endif
+    b0 = dq_pack(f[0], f[1]);
+    b1 = dq_pack(f[2], f[3]);
+#endif
+}
+
+// k16 steps [KS0, KS1) of the stage at generic address `sm`.
+template <int KS0, int KS1>
+DEVI void compute_steps(const u8* sm, int wm, int wn, int kt, float (&acc)[MI][NJ][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int ks = KS0; ks < KS1; ++ks) {
+        u32 a[MI][4];
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            const u8* ar = sm + (wm * WM + i * 16 + g) * SA + ks * 64 + t * 16;
+            const float4 lo = *reinterpret_cast<const float4*>(ar);
+            const float4 hi = *reinterpret_cast<const float4*>(ar + 8 * SA);
+            a[i][0] = dq_pack(lo.x, lo.y);
+            a[i][1] = dq_pack(hi.x, hi.y);
+            a[i][2] = dq_pack(lo.z, lo.w);
+            a[i][3] = dq_pack(hi.z, hi.w);
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int n = wn * WN + j * 8 + g;
+            u32 b0, b1;
+            dq_b(sm + A_BYTES + n * SB, sm + A_BYTES + B_BYTES + n * SCB, kt, ks, t, b0, b1);
+#pragma unroll
+            for (int i = 0; i < MI; ++i) mma_tile(acc[i][j], a[i], b0, b1);
+        }
+    }
+}
+
+// The GEMM of one tile: act is x [M][d] (GATE_UP) or h [M*K][ffn] (DOWN),
+// K its row length; out is h (GATE_UP) or yp (DOWN).
+DEVI void gemm_body(const u8* __restrict__ wq, const u8* __restrict__ wd, const float* __restrict__ act,
+                    const int* __restrict__ sorted, const int2* __restrict__ tiles,
+                    const int* __restrict__ offsets, float* __restrict__ out, int d, int ffn, int n_used) {
+    extern __shared__ __align__(128) u8 smem[];
+    __shared__ int s_pair[BM];
+    const int2 tile = tiles[blockIdx.y];
+    const int e = tile.x;
+    if (e < 0) return;
+    const int row0 = tile.y;
+    const int rows = min(BM, __ldg(offsets + e + 1) - row0);
+#if STAGE == GATE_UP
+    const int K = d;
+    const int n_out = ffn;
+#else
+    const int K = ffn;
+    const int n_out = d;
+    (void)n_used;
+#endif
+    const int col0 = blockIdx.x * N_OUT_STEP;
+    const int tid = threadIdx.x;
+    for (int r = tid; r < BM; r += THREADS) s_pair[r] = r < rows ? __ldg(sorted + row0 + r) : -1;
+    __syncthreads();
+    Loader L;
+#pragma unroll
+    for (int it = 0; it < PA; ++it) {
+        const int r = min((tid + it * THREADS) / CA, BM - 1);
+        const int p = s_pair[r];
+#if STAGE == GATE_UP
+        L.a_off[it] = p < 0 ? 0xffffffffu : (u32)(p / n_used) * (u32)K;
+#else
+        L.a_off[it] = p < 0 ? 0xffffffffu : (u32)p * (u32)K;
+#endif
+    }
+#pragma unroll
+    for (int it = 0; it < PB; ++it) L.b_row[it] = weight_row(min((tid + it * THREADS) / CB, BN - 1), e, col0, d, ffn);
+#if PS > 0
+#pragma unroll
+    for (int it = 0; it < PS; ++it) L.s_row[it] = weight_row(min((tid + it * THREADS) / SCN, BN - 1), e, col0, d, ffn);
+#endif
+    const int warp = tid / 32, lane = tid % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane / 4, t = lane % 4;
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+    const u32 s0 = smem_addr(smem);
+    const int KT = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_stage(L, s0 + s * STAGE_BYTES, act, wq, wd, s, K);
+        cp_async_commit();
+    }
+    int rs = 0, ws = STAGES - 1;
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u8* sm = smem + rs * STAGE_BYTES;
+        compute_steps<0, 1>(sm, wm, wn, kt, acc);
+        const int nk = kt + STAGES - 1;
+        if (nk < KT) load_stage(L, s0 + ws * STAGE_BYTES, act, wq, wd, nk, K);
+        cp_async_commit();
+        compute_steps<1, BK / 16>(sm, wm, wn, kt, acc);
+        rs = rs == STAGES - 1 ? 0 : rs + 1;
+        ws = ws == STAGES - 1 ? 0 : ws + 1;
+    }
+    cp_async_wait<0>();
+    // Epilogue: a thread holds rows g, g + 8 of each 16-row block and
+    // columns 2t, 2t + 1 of each 8-column block.
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = wm * WM + i * 16 + g + 8 * hh;
+            const int p = s_pair[r];
+            if (p < 0) continue;
+            float* orow = out + (u64)p * n_out;
+#if STAGE == GATE_UP
+#pragma unroll
+            for (int j = 0; j < NJ / 2; ++j) {
+                const int c = col0 + wn * (WN / 2) + j * 8 + 2 * t;
+                if (c < n_out) {
+                    float2 v;
+                    v.x = gelu_tanh(acc[i][j][2 * hh]) * acc[i][j + NJ / 2][2 * hh];
+                    v.y = gelu_tanh(acc[i][j][2 * hh + 1]) * acc[i][j + NJ / 2][2 * hh + 1];
+                    *reinterpret_cast<float2*>(orow + c) = v;
+                }
+            }
+#else
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int c = col0 + wn * WN + j * 8 + 2 * t;
+                if (c < n_out) *reinterpret_cast<float2*>(orow + c) = make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
+            }
+#endif
+        }
+}
+
+// Accumulators, plus the registers the operand conversion needs (the f32
+// A rows rounded in registers: 32) and each weight type's decode beyond
+// the Q8_0 path (Q4_0's nibble select, the k-quants' side-record fields and
+// high words; 16-bit weights' conversions), from which OCC_BLOCKS (common.cuh) sizes __launch_bounds__'s
+// blocks per SM: the 32 x 32 warp tiles keep two 256-thread blocks (128
+// registers), larger tiles and the k-quants get one (255).
+#if WTYPE == Q5_K || WTYPE == Q6_K
+#define DQ_EXTRA_REGS 80
+#elif IS_W16(WTYPE)
+#define DQ_EXTRA_REGS 48
+#else
+#define DQ_EXTRA_REGS 32
+#endif
+#define ACC_REGS (MI * NJ * 4 + DQ_EXTRA_REGS)
+
+#if STAGE == GATE_UP
+extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, ACC_REGS))
+moe_gemm_gate_up(const u8* wq, const u8* wd, const float* x, const int* sorted, const int2* tiles,
+                 const int* offsets, float* h, int d, int ffn, int n_used) {
+    gemm_body(wq, wd, x, sorted, tiles, offsets, h, d, ffn, n_used);
+}
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, ACC_REGS))
+moe_gemm_down(const u8* wq, const u8* wd, const float* h, const int* sorted, const int2* tiles,
+              const int* offsets, float* yp, int d, int ffn) {
+    gemm_body(wq, wd, h, sorted, tiles, offsets, yp, d, ffn, 1);
+}
+#endif
+#endif
