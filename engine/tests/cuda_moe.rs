@@ -12,6 +12,8 @@
 //! - `main`: top-1 agreement of 99 % or more and 99 % of the rows within
 //!   an RMS-relative error of 1e-2 (a row routed to another expert by
 //!   main's rounding can be further off; see the test).
+//! - `main`'s prefill on the grouped expert GEMMs (`moe_gemm`, a tiny-moe
+//!   with widths its tiles cut) within the same bar.
 //! - Graph decode bit-identical to eager decode.
 
 #[path = "common/engines.rs"]
@@ -22,7 +24,7 @@ use gemtune_engine::engine::Engine;
 use gemtune_engine::forward::LogitRows;
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
-use gemtune_engine::synth::{self, SynthOptions, SynthVariant, WeightType};
+use gemtune_engine::synth::{self, SynthModel, SynthOptions, SynthVariant, WeightType};
 
 fn tiny_moe(w: WeightType) -> Model {
     let bytes = synth::synth_to_vec(
@@ -35,6 +37,23 @@ fn tiny_moe(w: WeightType) -> Model {
     )
     .expect("synth tiny-moe");
     let name = format!("tiny-moe-{}", w.name());
+    Model::from_gguf(GgufFile::from_bytes(bytes, &name).expect("gguf")).expect("load")
+}
+
+/// tiny-moe with d_model 256 and experts of 128: widths `moe_gemm`'s tiles
+/// cut (whole 64-element k steps), so `main`'s prefill runs the grouped
+/// expert GEMMs (tiny-moe's 96 runs the expert GEMV groups).
+fn tiny_moe_wide(w: WeightType) -> Model {
+    let mut cfg = synth::preset(SynthVariant::TinyMoe);
+    cfg.d_model = 256;
+    cfg.vocab_size = 4096;
+    if let Some(m) = cfg.moe.as_mut() {
+        m.expert_ffn_dim = 128;
+    }
+    let bytes = SynthModel::from_config(cfg, w, 23)
+        .and_then(|s| s.write_to_vec())
+        .expect("synth tiny-moe-wide");
+    let name = format!("tiny-moe-wide-{}", w.name());
     Model::from_gguf(GgufFile::from_bytes(bytes, &name).expect("gguf")).expect("load")
 }
 
@@ -103,6 +122,40 @@ fn main_agrees_with_the_cpu_engine_on_tiny_moe() {
             w.name(),
             a.top1
         );
+    }
+}
+
+/// `main`'s prefill on the grouped expert GEMMs (`moe_gemm`: pairs sorted
+/// by expert, f16-operand tensor-core tiles, the weighted sum per row),
+/// decode on the expert GEMVs: the bar of the test above, and the plan
+/// really runs the grouped GEMMs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn main_grouped_expert_gemms_agree_on_tiny_moe_wide() {
+    for w in [
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Bf16,
+        WeightType::Q4KM,
+    ] {
+        let m = tiny_moe_wide(w);
+        let e = cuda(&m, "main", 256, 64, true);
+        assert!(
+            e.plan().moe_gemm_bm().is_some(),
+            "tiny-moe-wide {}: the prefill buckets do not run moe_gemm",
+            w.name()
+        );
+        drop(e);
+        let a = compare_engines(&m, "main", 197, 64);
+        let p99 = a.quantile(0.99);
+        eprintln!(
+            "tiny-moe-wide {} main: rms_rel p99 {p99:.3e}, worst {:.3e}, top-1 {:.4}",
+            w.name(),
+            a.worst_rms,
+            a.top1
+        );
+        assert!(p99 < 1e-2, "tiny-moe-wide {}: p99 {p99:.3e}", w.name());
+        assert!(a.top1 >= 0.99, "tiny-moe-wide {}: top-1 {:.4}", w.name(), a.top1);
     }
 }
 

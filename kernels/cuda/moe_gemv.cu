@@ -10,8 +10,9 @@
 //   DOWN (moe_gemv_down_n1 .. _n8):
 //       y[t][r] = sum_j weights[t][j] * (D_e[r] . h[t*K + j]),  r < d
 //     D_e rows e*d .. e*d + d of the down tensor (E * d rows of ffn; ggml
-//     ne [ffn, d, E]); per lane the sum runs over the experts in the
-//     grouping order below, each chunk's product weighted as it is added.
+//     ne [ffn, d, E]); per lane the sum runs over its chunks, and within a
+//     chunk over the experts in the grouping order below, each product
+//     weighted as it is added (the chunks of DOWN_EU experts loaded first).
 //
 // ids i32 [NT][K] and weights f32 [NT][K] are moe_route's outputs (K =
 // n_used): a token's K ids are distinct; a pair whose id is outside
@@ -97,6 +98,10 @@
 #endif
 
 #include "gemv_chunk.cuh"
+
+// DOWN: experts whose chunks a lane loads before using any (fewer at four
+// rows per warp, where the chunks would pass the register budget).
+#define DOWN_EU (ROWS >= 4 ? 2 : 4)
 
 // Most experts per token (moe_route's bound).
 #define MAX_USED 32
@@ -281,27 +286,40 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
     const int nchunks = ffn / CHUNK;
-    for (int u = 0; u < g.n; ++u) {
-        const int e = g.expert[u], cnt = g.cnt[u];
-        for (int c = lane; c < nchunks; c += 32) {
-            Chunk ch[ROWS];
+    // A lane's chunk of EU experts' rows is loaded before any is used, so
+    // EU x ROWS loads are in flight (an expert row of the down stacks is a
+    // short stream: 22 chunks of Q8_0 at 26B-A4B's 704).
+    for (int c = lane; c < nchunks; c += 32) {
+        const int el = c * CHUNK;
+        for (int u0 = 0; u0 < g.n; u0 += DOWN_EU) {
+            Chunk ch[DOWN_EU][ROWS];
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) ch[r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
-            const int el = c * CHUNK;
+            for (int v = 0; v < DOWN_EU; ++v) {
+                // Past the last expert: re-read it; the sums are skipped.
+                const int e = g.expert[min(u0 + v, g.n - 1)];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) ch[v][r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
+            }
+#pragma unroll
+            for (int v = 0; v < DOWN_EU; ++v) {
+                const int u = u0 + v;
+                if (u >= g.n) break;
+                const int cnt = g.cnt[u];
 #pragma unroll 1
-            for (int i = 0; i < cnt; ++i) {
-                const int p = g.pair[u][i];
-                const float w = __ldg(weights + p);
-                const float* hr = h + (u64)p * ffn;
+                for (int i = 0; i < cnt; ++i) {
+                    const int p = g.pair[u][i];
+                    const float w = __ldg(weights + p);
+                    const float* hr = h + (u64)p * ffn;
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot(ch[r], hr, el));
+                    for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot(ch[v][r], hr, el));
+                }
             }
         }
-#if COUNT_BYTES
-        if (lane == 0) atomicAdd(count + e, (u64)min(ROWS, d - row0) * row_bytes(ffn));
-#endif
     }
-#if !COUNT_BYTES
+#if COUNT_BYTES
+    if (lane == 0)
+        for (int u = 0; u < g.n; ++u) atomicAdd(count + g.expert[u], (u64)min(ROWS, d - row0) * row_bytes(ffn));
+#else
     (void)count;
 #endif
 #pragma unroll

@@ -2,6 +2,7 @@
 //! by every layer and call (a captured decode graph bakes their addresses
 //! in, so they never move).
 
+use gemtune_kernels::bind::moe::{moe_gemm_scratch, MoeGemmScratch};
 use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
 
 use crate::config::Gemma4Config;
@@ -221,40 +222,80 @@ pub struct MoeBuffers {
     /// Each row's chosen experts and weights, i32 / f32 `[rows][K]`.
     pub ids: DeviceBuffer,
     pub weights: DeviceBuffer,
-    /// `gelu(gate x) * up x` of a group's (row, slot) pairs, f32
-    /// `[8 * K][ffn]`.
+    /// `gelu(gate x) * up x` per (row, slot) pair, f32 `[pairs][ffn]`: a
+    /// group's 8 * K pairs, or a chunk's `rows * K` when the grouped GEMMs
+    /// run.
     pub h: DeviceBuffer,
     /// `moe_route`'s completion counters, one per group of 8 rows (zero
     /// between launches).
     pub counter: DeviceBuffer,
+    /// The grouped GEMMs' scratch (`bind::moe::moe_gemm_scratch`), when a
+    /// bucket plans them.
+    pub grouped: Option<MoeGemmBuffers>,
 }
 
-/// Byte sizes of `MoeBuffers` for `rows` rows.
-fn sizes(cfg: &Gemma4Config, rows: usize) -> Option<[usize; 9]> {
+/// The sort and per-pair outputs of `moe_gemm`.
+pub struct MoeGemmBuffers {
+    pub counts: DeviceBuffer,
+    pub offsets: DeviceBuffer,
+    pub sorted: DeviceBuffer,
+    pub tiles: DeviceBuffer,
+    /// Each pair's down projection, f32 `[rows * K][d]`.
+    pub yp: DeviceBuffer,
+}
+
+/// Byte sizes of `MoeBuffers` for `rows` rows, and of `MoeGemmBuffers`
+/// when the grouped GEMMs run with `bm`-row tiles.
+fn sizes(
+    cfg: &Gemma4Config,
+    rows: usize,
+    grouped_bm: Option<usize>,
+) -> Option<([usize; 9], Option<MoeGemmScratch>)> {
     let m = cfg.moe.as_ref()?;
     let (d, e, k, fe) = (cfg.d_model, m.n_experts, m.n_experts_used, m.expert_ffn_dim);
     let rows = rows.max(1);
     let g = super::slots::GEMV_MAX_ROWS;
-    Some([
-        4 * rows * d,
-        4 * rows * d,
-        4 * rows * d,
-        4 * rows * d,
-        4 * rows * e,
-        4 * rows * k,
-        4 * rows * k,
-        4 * g * k * fe,
-        4 * (rows / g + 1),
-    ])
+    let grouped = grouped_bm.map(|bm| moe_gemm_scratch(rows, k, e, d, fe, bm));
+    let h = grouped.map_or(0, |s| s.h).max(4 * g * k * fe);
+    Some((
+        [
+            4 * rows * d,
+            4 * rows * d,
+            4 * rows * d,
+            4 * rows * d,
+            4 * rows * e,
+            4 * rows * k,
+            4 * rows * k,
+            h,
+            4 * (rows / g + 1),
+        ],
+        grouped,
+    ))
 }
 
 impl MoeBuffers {
-    /// The buffers of a MoE model (`None` for a dense one).
-    pub fn new(gpu: &Gpu, cfg: &Gemma4Config, rows: usize) -> Result<Option<MoeBuffers>, GpuError> {
-        let Some(s) = sizes(cfg, rows) else {
+    /// The buffers of a MoE model (`None` for a dense one); `grouped_bm`:
+    /// the tile rows of the grouped GEMMs when the plan runs them.
+    pub fn new(
+        gpu: &Gpu,
+        cfg: &Gemma4Config,
+        rows: usize,
+        grouped_bm: Option<usize>,
+    ) -> Result<Option<MoeBuffers>, GpuError> {
+        let Some((s, grouped)) = sizes(cfg, rows, grouped_bm) else {
             return Ok(None);
         };
-        let a = |n: usize| gpu.alloc(n);
+        let a = |n: usize| gpu.alloc(n.max(16));
+        let grouped = match grouped {
+            Some(g) => Some(MoeGemmBuffers {
+                counts: a(g.counts)?,
+                offsets: a(g.offsets)?,
+                sorted: a(g.sorted)?,
+                tiles: a(g.tiles)?,
+                yp: a(g.yp)?,
+            }),
+            None => None,
+        };
         Ok(Some(MoeBuffers {
             sum: a(s[0])?,
             z: a(s[1])?,
@@ -265,11 +306,15 @@ impl MoeBuffers {
             weights: a(s[6])?,
             h: a(s[7])?,
             counter: gpu.upload(&vec![0u32; s[8] / 4])?,
+            grouped,
         }))
     }
 
     /// Bytes `new` allocates (the fit check).
-    pub fn bytes_for(cfg: &Gemma4Config, rows: usize) -> u64 {
-        sizes(cfg, rows).map_or(0, |s| s.iter().map(|&b| b as u64).sum())
+    pub fn bytes_for(cfg: &Gemma4Config, rows: usize, grouped_bm: Option<usize>) -> u64 {
+        sizes(cfg, rows, grouped_bm).map_or(0, |(s, g)| {
+            let scratch = g.map_or(0, |g| g.total() - g.h);
+            (s.iter().sum::<usize>() + scratch) as u64
+        })
     }
 }

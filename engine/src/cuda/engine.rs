@@ -185,7 +185,7 @@ impl<'m> CudaEngine<'m> {
         let need = super::model_dims::model_bytes(&dims, &plan.layouts)
             + super::kv_cache::cache_bytes(cfg, sizing.max_seq, sizing.ubatch, sizing.kv_type)
             + Buffers::bytes_for(cfg, model.vocab_size(), sizing.ubatch, scratch)
-            + MoeBuffers::bytes_for(cfg, sizing.ubatch)
+            + MoeBuffers::bytes_for(cfg, sizing.ubatch, plan.moe_gemm_bm())
             + DRIVER_MARGIN;
         let (free, total) = gpu.mem_info().map_err(dev)?;
         if need > free as u64 {
@@ -199,7 +199,8 @@ impl<'m> CudaEngine<'m> {
         let w = weights::upload(&gpu, model, &plan.layouts).map_err(dev)?;
         let kv = KvCache::new(&gpu, cfg, &sizing).map_err(dev)?;
         let b = Buffers::new(&gpu, cfg, model.vocab_size(), sizing.ubatch, scratch).map_err(dev)?;
-        let moe_buffers = MoeBuffers::new(&gpu, cfg, sizing.ubatch).map_err(dev)?;
+        let moe_buffers =
+            MoeBuffers::new(&gpu, cfg, sizing.ubatch, plan.moe_gemm_bm()).map_err(dev)?;
         let staging_i32 = PinnedBuf::new(&gpu, sizing.ubatch + 4).map_err(dev)?;
         let staging_logits =
             PinnedBuf::new(&gpu, buffers::HEAD_ROWS * model.vocab_size()).map_err(dev)?;

@@ -25,13 +25,18 @@
 //! of a buffer written to another (`rmsnorm(src) * w -> dst`) and the
 //! normed add (`dst += rmsnorm(src) * w`).
 
-use gemtune_kernels::bind::moe::{ExpertWeights, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use gemtune_kernels::bind::moe::{
+    ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs, MoeGemmGateUpArgs,
+    MoeGroupArgs, MoeRouteArgs,
+};
 use gemtune_kernels::bind::{Act, DevPtr, NULL};
 use gemtune_kernels::gpu::DeviceBuffer;
 use gemtune_kernels::runtime::Kernel;
 
 use super::engine::{dev, CudaEngine};
-use super::forward_plan::{LaunchId, LayerPlan, MoeGroupPlan, MoePlan, MOE_GROUP_ROWS};
+use super::forward_plan::{
+    LaunchId, LayerPlan, MoeExperts, MoeGemmPlan, MoeGroupPlan, MoePlan, MOE_GROUP_ROWS,
+};
 use super::slots::Phase;
 use super::stages::Rows;
 use super::weights::{GpuMatrix, Layouts};
@@ -134,7 +139,11 @@ impl CudaEngine<'_> {
             if n == 0 || groups == 0 {
                 continue;
             }
-            let g = self.moe_group(mp, l, n)?;
+            let id = mp.route(n).ok_or_else(|| {
+                EngineError::Device(format!(
+                    "layer {l}: no router launch planned for a group of {n} rows"
+                ))
+            })?;
             let route = MoeRouteArgs {
                 w: mw.router.ptr(),
                 z: mb.z.ptr() + (4 * r0 * d) as u64,
@@ -147,46 +156,50 @@ impl CudaEngine<'_> {
                 n_experts: ne,
                 n_used: kk,
             };
-            let kr = &k[g.route];
+            let kr = &k[id];
             let grid = (kr.geo.grid.0, groups as u32, 1);
             kr.launch_grid(&self.gpu, grid, &route.kargs())
                 .map_err(dev)?;
             r0 += n * groups;
         }
-        // The experts, a group of at most MOE_GROUP_ROWS rows at a time.
-        let mut r0 = 0;
-        while r0 < r {
-            let n = (r - r0).min(MOE_GROUP_ROWS);
-            let g = self.moe_group(mp, l, n)?;
-            let row = |buf: &DeviceBuffer, width: usize| buf.ptr() + (4 * r0 * width) as u64;
-            self.mark(Phase::MoeGateUp)?;
-            let gu = MoeGateUpArgs {
-                w: w_gu,
-                x: row(&mb.a2, d),
-                ids: row(&mb.ids, kk),
-                h: mb.h.ptr(),
-                count: NULL,
-                d,
-                ffn: fe,
-                n_experts: ne,
-                n_used: kk,
-            };
-            k[g.gate_up].launch(&self.gpu, &gu.kargs()).map_err(dev)?;
-            self.mark(Phase::MoeDown)?;
-            let dn = MoeDownArgs {
-                w: w_dn,
-                h: mb.h.ptr(),
-                ids: row(&mb.ids, kk),
-                weights: row(&mb.weights, kk),
-                y: row(&mb.e, d),
-                count: NULL,
-                d,
-                ffn: fe,
-                n_experts: ne,
-                n_used: kk,
-            };
-            k[g.down].launch(&self.gpu, &dn.kargs()).map_err(dev)?;
-            r0 += n;
+        if let MoeExperts::Grouped(gp) = &mp.experts {
+            self.moe_grouped(k, gp, (w_gu, w_dn), r)?;
+        } else {
+            // The experts, a group of at most MOE_GROUP_ROWS rows at a time.
+            let mut r0 = 0;
+            while r0 < r {
+                let n = (r - r0).min(MOE_GROUP_ROWS);
+                let g = self.moe_group(mp, l, n)?;
+                let row = |buf: &DeviceBuffer, width: usize| buf.ptr() + (4 * r0 * width) as u64;
+                self.mark(Phase::MoeGateUp)?;
+                let gu = MoeGateUpArgs {
+                    w: w_gu,
+                    x: row(&mb.a2, d),
+                    ids: row(&mb.ids, kk),
+                    h: mb.h.ptr(),
+                    count: NULL,
+                    d,
+                    ffn: fe,
+                    n_experts: ne,
+                    n_used: kk,
+                };
+                k[g.gate_up].launch(&self.gpu, &gu.kargs()).map_err(dev)?;
+                self.mark(Phase::MoeDown)?;
+                let dn = MoeDownArgs {
+                    w: w_dn,
+                    h: mb.h.ptr(),
+                    ids: row(&mb.ids, kk),
+                    weights: row(&mb.weights, kk),
+                    y: row(&mb.e, d),
+                    count: NULL,
+                    d,
+                    ffn: fe,
+                    n_experts: ne,
+                    n_used: kk,
+                };
+                k[g.down].launch(&self.gpu, &dn.kargs()).map_err(dev)?;
+                r0 += n;
+            }
         }
         self.mark(Phase::Norm)?;
         self.moe_norm(
@@ -198,6 +211,83 @@ impl CudaEngine<'_> {
             true,
             r,
         )
+    }
+
+    /// The chosen experts of a prefill chunk of `r` rows as grouped GEMMs:
+    /// the pairs sorted by expert into the tile table, gate|up with GELU
+    /// into `h`, down into `yp`, and each row's weighted sum into `e`.
+    fn moe_grouped(
+        &self,
+        k: &[Kernel],
+        gp: &MoeGemmPlan,
+        (w_gu, w_dn): (ExpertWeights, ExpertWeights),
+        r: usize,
+    ) -> Result<(), EngineError> {
+        let (Some(mb), Some(moe)) = (self.moe_buffers.as_ref(), self.model.config().moe.as_ref())
+        else {
+            return Ok(());
+        };
+        let Some(s) = mb.grouped.as_ref() else {
+            return Err(EngineError::Device(
+                "the grouped expert GEMMs were planned without their buffers".into(),
+            ));
+        };
+        let cfg = self.model.config();
+        let (d, kk, fe, ne) = (
+            cfg.d_model,
+            moe.n_experts_used,
+            moe.expert_ffn_dim,
+            moe.n_experts,
+        );
+        self.mark(Phase::MoeGroup)?;
+        let g = MoeGroupArgs {
+            ids: mb.ids.ptr(),
+            counts: s.counts.ptr(),
+            offsets: s.offsets.ptr(),
+            sorted: s.sorted.ptr(),
+            tiles: s.tiles.ptr(),
+            n_tokens: r,
+            n_experts: ne,
+            n_used: kk,
+            bm: gp.bm,
+        };
+        k[gp.group].launch(&self.gpu, &g.kargs()).map_err(dev)?;
+        self.mark(Phase::MoeGateUp)?;
+        let gu = MoeGemmGateUpArgs {
+            w: w_gu,
+            x: mb.a2.ptr(),
+            sorted: s.sorted.ptr(),
+            tiles: s.tiles.ptr(),
+            offsets: s.offsets.ptr(),
+            h: mb.h.ptr(),
+            d,
+            ffn: fe,
+            n_used: kk,
+        };
+        k[gp.gate_up].launch(&self.gpu, &gu.kargs()).map_err(dev)?;
+        self.mark(Phase::MoeDown)?;
+        let dn = MoeGemmDownArgs {
+            w: w_dn,
+            h: mb.h.ptr(),
+            sorted: s.sorted.ptr(),
+            tiles: s.tiles.ptr(),
+            offsets: s.offsets.ptr(),
+            yp: s.yp.ptr(),
+            d,
+            ffn: fe,
+        };
+        k[gp.down].launch(&self.gpu, &dn.kargs()).map_err(dev)?;
+        let c = MoeCombineArgs {
+            yp: s.yp.ptr(),
+            ids: mb.ids.ptr(),
+            weights: mb.weights.ptr(),
+            y: mb.e.ptr(),
+            n_tokens: r,
+            d,
+            n_experts: ne,
+            n_used: kk,
+        };
+        k[gp.combine].launch(&self.gpu, &c.kargs()).map_err(dev)
     }
 
     /// The launches of a group of `n` rows of layer `l`'s plan.
@@ -262,62 +352,89 @@ mod tests {
     }
 
     /// Every bucket of a MoE model plans the expert block on every layer:
-    /// a decode bucket one group of its own rows, a prefill bucket every
-    /// group size a chunk is cut into; the router and both expert stages
-    /// resolve to their families with the plan's STAGE, and the stacks are
-    /// read in one layout each.
+    /// the router per group size (a decode bucket: its own rows; a prefill
+    /// bucket: 8 and every remainder); the experts as `moe_gemv` groups of
+    /// the same sizes, or on a prefill bucket as `moe_gemm`'s four stages
+    /// where the profile serves `moe_gemm` with it and the expert width is
+    /// whole 64-element steps (26B-A4B's 704, not tiny-moe's 96; `strict`
+    /// serves it with `moe_gemv`); each launch resolves to its family with
+    /// the plan's STAGE, and the stacks are read in one layout each.
     #[test]
     fn moe_models_plan_the_expert_block_on_every_layer() {
-        for (profile, v, w) in [
-            ("main", SynthVariant::TinyMoe, WeightType::Q8_0),
-            ("strict", SynthVariant::TinyMoe, WeightType::Q8_0),
-            ("main", SynthVariant::TinyMoe, WeightType::Q4KM),
-            ("main", SynthVariant::B26A4b, WeightType::Q8_0),
-            ("main", SynthVariant::B26A4b, WeightType::Q4_0),
-            ("main", SynthVariant::B26A4b, WeightType::Q4KM),
+        for (profile, v, w, grouped) in [
+            ("main", SynthVariant::TinyMoe, WeightType::Q8_0, false),
+            ("strict", SynthVariant::TinyMoe, WeightType::Q8_0, false),
+            ("main", SynthVariant::TinyMoe, WeightType::Q4KM, false),
+            ("main", SynthVariant::B26A4b, WeightType::Q8_0, true),
+            ("strict", SynthVariant::B26A4b, WeightType::Q8_0, false),
+            ("main", SynthVariant::B26A4b, WeightType::Q4_0, true),
+            ("main", SynthVariant::B26A4b, WeightType::Q4KM, true),
         ] {
             let what = format!("{profile} {v:?} {w:?}");
             let (plan, dims, cfg) = moe_plan(profile, v, w, 64);
             let moe = cfg.moe.as_ref().expect("a MoE preset");
+            let stage_is = |id: LaunchId, fam: &str, st: &str| {
+                let res = &plan.launches[id].res;
+                assert_eq!(res.family.name(), fam, "{what}");
+                assert_eq!(
+                    res.defines.get("STAGE"),
+                    Some(&DefineValue::Str(st.into())),
+                    "{what}"
+                );
+                res.geo.kernel.clone()
+            };
             for b in &plan.buckets {
                 assert_eq!(b.layers.len(), cfg.n_layers, "{what}");
+                let sizes_want: Vec<usize> = if b.rows <= MOE_GROUP_ROWS {
+                    vec![b.rows]
+                } else {
+                    (1..=MOE_GROUP_ROWS).collect()
+                };
                 for (l, lp) in b.layers.iter().enumerate() {
                     let mp = lp
                         .moe
                         .as_ref()
                         .unwrap_or_else(|| panic!("{what}: layer {l} of bucket {}", b.rows));
-                    let sizes: Vec<usize> = mp.groups.iter().map(|g| g.rows).collect();
-                    if b.rows <= MOE_GROUP_ROWS {
-                        assert_eq!(sizes, vec![b.rows], "{what}");
-                    } else {
-                        assert_eq!(sizes, (1..=MOE_GROUP_ROWS).collect::<Vec<_>>(), "{what}");
+                    let sizes: Vec<usize> = mp.routes.iter().map(|r| r.0).collect();
+                    assert_eq!(sizes, sizes_want, "{what}");
+                    for &(n, id) in &mp.routes {
+                        let res = &plan.launches[id].res;
+                        assert_eq!(res.family.name(), "moe_route", "{what}");
+                        assert!(res.geo.kernel.ends_with(&format!("_n{n}")), "{what}");
                     }
-                    for g in &mp.groups {
-                        for (id, fam, st) in [
-                            (g.route, "moe_route", None),
-                            (g.gate_up, "moe_gemv", Some("GATE_UP")),
-                            (g.down, "moe_gemv", Some("DOWN")),
-                        ] {
-                            let res = &plan.launches[id].res;
-                            assert_eq!(res.family.name(), fam, "{what}");
-                            if let Some(st) = st {
-                                assert_eq!(
-                                    res.defines.get("STAGE"),
-                                    Some(&DefineValue::Str(st.into())),
-                                    "{what}"
-                                );
-                            }
+                    match &mp.experts {
+                        MoeExperts::Groups(groups) => {
                             assert!(
-                                res.geo.kernel.ends_with(&format!("_n{}", g.rows)),
-                                "{what}: {}",
-                                res.geo.kernel
+                                !(grouped && b.rows > MOE_GROUP_ROWS),
+                                "{what}: bucket {} runs groups",
+                                b.rows
                             );
+                            let sizes: Vec<usize> = groups.iter().map(|g| g.rows).collect();
+                            assert_eq!(sizes, sizes_want, "{what}");
+                            for g in groups {
+                                for (id, st) in [(g.gate_up, "GATE_UP"), (g.down, "DOWN")] {
+                                    let kernel = stage_is(id, "moe_gemv", st);
+                                    assert!(kernel.ends_with(&format!("_n{}", g.rows)), "{what}");
+                                }
+                            }
+                        }
+                        MoeExperts::Grouped(g) => {
+                            assert!(grouped && b.rows > MOE_GROUP_ROWS, "{what}");
+                            assert_eq!(stage_is(g.group, "moe_gemm", "GROUP"), "moe_gemm_group");
+                            stage_is(g.gate_up, "moe_gemm", "GATE_UP");
+                            stage_is(g.down, "moe_gemm", "DOWN");
+                            stage_is(g.combine, "moe_gemm", "COMBINE");
+                            for id in [g.group, g.gate_up, g.down, g.combine] {
+                                let bm = plan.launches[id].res.defines.get("BM");
+                                assert_eq!(bm, Some(&DefineValue::Int(g.bm as i64)), "{what}");
+                            }
                         }
                     }
                     assert_eq!(mp.gate_up_layout.count(), 1, "{what}");
                     assert_eq!(mp.down_layout.count(), 1, "{what}");
                 }
             }
+            assert_eq!(plan.moe_gemm_bm().is_some(), grouped, "{what}");
             assert_eq!(plan.layouts.experts_gate_up.count(), 1, "{what}");
             let m = dims.layers[0].moe.expect("MoE dims");
             assert_eq!(
@@ -327,6 +444,40 @@ mod tests {
             );
             assert_eq!(m.down.0, moe.n_experts * cfg.d_model, "{what}");
             assert_eq!(m.router.2, GgmlType::F32, "{what}: the router stays F32");
+        }
+    }
+
+    /// tiny-moe at d_model 256 with experts of 128 (the GPU tests'
+    /// `tiny_moe_wide`): main's prefill buckets run the grouped GEMMs on
+    /// every type the GPU test covers, including the Q4_K_M mix whose
+    /// 128-wide down stacks are not whole super-blocks (converted to Q8_0).
+    #[test]
+    fn a_tiny_moe_with_64_multiple_widths_plans_the_grouped_gemms() {
+        let mut cfg = synth::preset(SynthVariant::TinyMoe);
+        cfg.d_model = 256;
+        if let Some(m) = cfg.moe.as_mut() {
+            m.expert_ffn_dim = 128;
+        }
+        for w in [
+            WeightType::Q8_0,
+            WeightType::Q4_0,
+            WeightType::Bf16,
+            WeightType::Q4KM,
+        ] {
+            let planner = Planner::new(
+                Profile::load("main").expect("profile"),
+                None,
+                DeviceLimits::for_arch(Arch(90)),
+            );
+            let dims = ModelDims::of_synth(&cfg, w, &planner);
+            let sizing = Sizing {
+                max_seq: 256,
+                ubatch: 64,
+                kv_type: KvType::F16,
+            };
+            let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+                .unwrap_or_else(|e| panic!("{w:?}: {e}"));
+            assert!(plan.moe_gemm_bm().is_some(), "{w:?}");
         }
     }
 

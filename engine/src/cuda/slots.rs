@@ -85,11 +85,15 @@ pub enum Slot {
     MoeGateUp,
     /// The chosen experts' down projections, weighted and summed per row.
     MoeDown,
+    /// A prefill chunk's experts as grouped GEMMs (sort by expert,
+    /// gate|up, down, weighted sum); a profile serving it with `moe_gemv`
+    /// runs the chunk as groups of 8 rows on the two slots above.
+    MoeGemm,
 }
 
 impl Slot {
     /// Every slot, in the order `run -v` and the profile docs list them.
-    pub const ALL: [Slot; 24] = [
+    pub const ALL: [Slot; 25] = [
         Slot::Gemm(Proj::Qkv),
         Slot::Gemm(Proj::O),
         Slot::Gemm(Proj::GateUp),
@@ -114,6 +118,7 @@ impl Slot {
         Slot::MoeRoute,
         Slot::MoeGateUp,
         Slot::MoeDown,
+        Slot::MoeGemm,
     ];
     /// Slots not in `ALL` order above but served too: the pre-passes.
     pub const PREPASSES: [Slot; 3] = [Slot::QuantizeQ8_1, Slot::ActConvert, Slot::ScaleExpand];
@@ -169,6 +174,7 @@ impl Slot {
             Slot::MoeRoute => "moe_route",
             Slot::MoeGateUp => "moe_gemv.gate_up",
             Slot::MoeDown => "moe_gemv.down",
+            Slot::MoeGemm => "moe_gemm",
         }
     }
 
@@ -210,6 +216,9 @@ impl Slot {
             Slot::MoeRoute => "MoE router: logits, top-k experts and their weights per row",
             Slot::MoeGateUp => "MoE: gelu(gate x) * up x of each row's chosen experts",
             Slot::MoeDown => "MoE: the chosen experts' down projections, weighted and summed",
+            Slot::MoeGemm => {
+                "MoE prefill: the chunk's experts as grouped GEMMs (moe_gemv: groups of 8 rows)"
+            }
         }
     }
 
@@ -264,10 +273,12 @@ pub enum Phase {
     MoeGateUp,
     /// MoE: the chosen experts' down projections and their weighted sum.
     MoeDown,
+    /// MoE prefill: the (row, expert) pairs sorted by expert.
+    MoeGroup,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 19] = [
+    pub const ALL: [Phase; 20] = [
         Phase::Embed,
         Phase::Ple,
         Phase::Norm,
@@ -287,6 +298,7 @@ impl Phase {
         Phase::MoeRoute,
         Phase::MoeGateUp,
         Phase::MoeDown,
+        Phase::MoeGroup,
     ];
     /// The name tables and `ab` attribute time to.
     pub const fn name(self) -> &'static str {
@@ -310,6 +322,7 @@ impl Phase {
             Phase::MoeRoute => "moe_route",
             Phase::MoeGateUp => "moe_gate_up",
             Phase::MoeDown => "moe_down",
+            Phase::MoeGroup => "moe_group",
         }
     }
     /// The attention phase of a layer kind.
