@@ -431,7 +431,13 @@ DEVI void load_stage(const Loader& L, u32 st, const float* __restrict__ act, con
         if ((BN * SCN) % THREADS == 0 || c < BN * SCN) {
             const int r = c / SCN, col = c % SCN;
             const int row = L.s_row[it];
+#if SC_CHUNK == 4
+            // A word holds the scales of groups g, g + 1 (g even); words
+            // past the row's K/32 groups (the k tail) are zero-filled.
+            const bool ok = row >= 0 && ((kt * KB) & ~1) + 2 * col < K / 32;
+#else
             const bool ok = row >= 0 && k0 < K;
+#endif
             const u32 dst = st + A_BYTES + B_BYTES + r * SCB + col * SC_CHUNK;
 #if SC_CHUNK == 4
             // f16 scales: [rows][K/32]; the words from group (kt*KB) & ~1.
