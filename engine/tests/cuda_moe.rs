@@ -155,7 +155,12 @@ fn main_grouped_expert_gemms_agree_on_tiny_moe_wide() {
             a.top1
         );
         assert!(p99 < 1e-2, "tiny-moe-wide {}: p99 {p99:.3e}", w.name());
-        assert!(a.top1 >= 0.99, "tiny-moe-wide {}: top-1 {:.4}", w.name(), a.top1);
+        assert!(
+            a.top1 >= 0.99,
+            "tiny-moe-wide {}: top-1 {:.4}",
+            w.name(),
+            a.top1
+        );
     }
 }
 
