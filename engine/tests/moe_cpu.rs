@@ -1,7 +1,8 @@
 //! The mixture-of-experts model on the CPU: the `tiny-moe` preset, the MoE
 //! block against a plain f64 reference, routing ties, the older separate
 //! gate/up expert layout, loader errors for malformed expert tensors, and
-//! the CUDA engine's refusal of MoE models until it has MoE stages.
+//! the CUDA plan of MoE models (and its typed refusal of a routing its
+//! expert kernels cannot hold).
 
 use std::sync::OnceLock;
 
@@ -567,8 +568,11 @@ fn separate_gate_and_up_stacks_load_and_match_the_fused_layout() {
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
+/// The CUDA plan runs the MoE models (every layer plans its expert block)
+/// and refuses, with a typed error naming the CPU engine, a routing the
+/// expert kernels cannot hold (more than 32 experts per token).
 #[test]
-fn the_cuda_plan_refuses_a_moe_model_with_a_typed_error() {
+fn the_cuda_plan_runs_moe_models_and_refuses_what_its_kernels_cannot_hold() {
     use gemtune_engine::cuda::forward_plan::{ForwardPlan, Sizing};
     use gemtune_engine::cuda::model_dims::ModelDims;
     use gemtune_engine::cuda::{PlanError, Planner};
@@ -587,21 +591,32 @@ fn the_cuda_plan_refuses_a_moe_model_with_a_typed_error() {
     for v in [SynthVariant::TinyMoe, SynthVariant::B26A4b] {
         let cfg = synth::preset(v);
         let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
-        match ForwardPlan::resolve(&planner, &cfg, &dims, sizing) {
-            Err(e @ PlanError::Unsupported(_)) => {
-                let msg = e.to_string();
-                assert!(msg.contains("mixture-of-experts"), "{msg}");
-                assert!(msg.contains("--backend cpu"), "{msg}");
-            }
-            Err(e) => panic!("{}: expected Unsupported, got {e}", v.name()),
-            Ok(_) => panic!("{}: a MoE model was planned as a dense one", v.name()),
+        let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+            .unwrap_or_else(|e| panic!("{}: {e}", v.name()));
+        for b in &plan.buckets {
+            assert!(
+                b.layers.iter().all(|l| l.moe.is_some()),
+                "{}: bucket {} has a layer without its expert block",
+                v.name(),
+                b.rows
+            );
         }
     }
-    // The same models without experts plan.
-    let mut dense = synth::preset(SynthVariant::TinyMoe);
-    dense.moe = None;
-    let dims = ModelDims::of_synth(&dense, WeightType::Q8_0, &planner);
-    ForwardPlan::resolve(&planner, &dense, &dims, sizing).expect("dense tiny-moe plans");
+    let mut wide = synth::preset(SynthVariant::TinyMoe);
+    if let Some(m) = wide.moe.as_mut() {
+        m.n_experts = 40;
+        m.n_experts_used = 33;
+    }
+    let dims = ModelDims::of_synth(&wide, WeightType::Q8_0, &planner);
+    match ForwardPlan::resolve(&planner, &wide, &dims, sizing) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            let msg = e.to_string();
+            assert!(msg.contains("top-33"), "{msg}");
+            assert!(msg.contains("--backend cpu"), "{msg}");
+        }
+        Err(e) => panic!("top-33: expected Unsupported, got {e}"),
+        Ok(_) => panic!("top-33 routing was planned"),
+    }
 }
 
 /// A CPU decode step reads the router and the chosen experts' slices of

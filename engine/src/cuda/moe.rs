@@ -11,16 +11,18 @@
 //! z   = rmsnorm(h) * (ffn_gate_inp.scale * d^-1/2)         the router input
 //! ids, w = moe_route(z)                                    top-k of the logits, renormalised, x expert scales
 //! a2  = rmsnorm(h) * pre_ffw_norm_2
-//! e   = moe_gemv DOWN(moe_gemv GATE_UP(a2))                sum_j w_j down_j(gelu(gate_j a2) * up_j a2)
+//! e   = experts(a2)                                        sum_j w_j down_j(gelu(gate_j a2) * up_j a2)
 //! sum += rmsnorm(e) * post_ffw_norm_2                      f1 + f2
 //! ```
 //!
 //! and `layer_end` adds `rmsnorm(sum) * post_ffw_norm` to `h` as it adds
 //! the dense FFN's output on the other models. Every launch reads the
 //! expert ids `moe_route` wrote on the device, so a decode step replays in
-//! a CUDA graph with no host round trip. The router and expert kernels
-//! take at most 8 rows (a decode step); a prefill chunk runs them on
-//! consecutive groups of at most 8 rows, the norms over the whole chunk.
+//! a CUDA graph with no host round trip. A prefill chunk routes its rows in
+//! one `moe_route` launch per group size (grid.y groups of 8 rows, then the
+//! remainder) and runs the experts as grouped GEMMs (`moe_gemm`: sort,
+//! gate|up, down, weighted sum) where the plan has them, otherwise as
+//! `moe_gemv` groups of at most 8 rows; the norms run over the whole chunk.
 //! The norms are the sandwich-norm kernel in its two single forms: the norm
 //! of a buffer written to another (`rmsnorm(src) * w -> dst`) and the
 //! normed add (`dst += rmsnorm(src) * w`).

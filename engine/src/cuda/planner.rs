@@ -70,7 +70,7 @@ pub enum PlanError {
     Slot { slot: String, msg: String },
     #[error("slot {slot}: {err}")]
     Gpu { slot: String, err: GpuError },
-    /// A model feature the CUDA engine has no stages for yet.
+    /// A model feature the CUDA stages cannot run (the CPU engine can).
     #[error("{0} has no CUDA stages yet; the CPU engine runs it (--backend cpu)")]
     Unsupported(String),
 }

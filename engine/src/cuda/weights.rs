@@ -535,7 +535,20 @@ pub fn upload_matrix_as(
     }
     let n: usize = parts.iter().map(|p| p.n_out).sum();
     let gguf = device_blocks(model, parts, wt)?;
-    let c = HostCopies::build(wt, &gguf, n, k, layouts)
+    upload_blocks(gpu, name, wt, &gguf, (n, k), layouts)
+}
+
+/// Uploads an `[n][k]` matrix of device type `wt`, given as GGUF blocks,
+/// in `layouts` (the copies `HostCopies::build` makes).
+fn upload_blocks(
+    gpu: &Gpu,
+    name: &str,
+    wt: WType,
+    gguf: &[u8],
+    (n, k): (usize, usize),
+    layouts: Layouts,
+) -> Result<GpuMatrix, GpuError> {
+    let c = HostCopies::build(wt, gguf, n, k, layouts)
         .map_err(|e| GpuError::Other(format!("{name}: {e}")))?;
     // The fit check counted `planned_bytes`; the copies are those bytes.
     debug_assert_eq!(c.bytes(), planned_bytes(wt, n, k, layouts), "{name}");
@@ -684,22 +697,7 @@ fn upload_experts(
     let wt = device_type(&types);
     let n = parts[0].n_experts * parts.iter().map(|p| p.n_out).sum::<usize>();
     let gguf = expert_blocks(model, parts, wt)?;
-    let c = HostCopies::build(wt, &gguf, n, k, layouts)
-        .map_err(|e| GpuError::Other(format!("{name}: {e}")))?;
-    debug_assert_eq!(c.bytes(), planned_bytes(wt, n, k, layouts), "{name}");
-    let up = |v: Option<Vec<u8>>| v.map(|v| gpu.upload(&v)).transpose();
-    Ok(GpuMatrix {
-        name: name.to_string(),
-        n,
-        k,
-        wtype: wt,
-        q: up(c.q)?,
-        d16: up(c.d16)?,
-        d32: up(c.d32)?,
-        blocks: up(c.blocks)?.map(Arc::new),
-        blocks_shared: false,
-        bf16: None,
-    })
+    upload_blocks(gpu, name, wt, &gguf, (n, k), layouts)
 }
 
 /// Uploads layer `i`'s MoE block.
