@@ -273,13 +273,10 @@ DEVI void moe_route_body(const u8* __restrict__ w, const float* __restrict__ z, 
                          u32* __restrict__ counter, int d, int n_experts, int n_used) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * ROWS;
-    // This block's group of NT tokens (grid.y groups per launch).
-    const u64 g = blockIdx.y;
-    z += g * NT * d;
-    logits += g * NT * n_experts;
-    ids += g * NT * n_used;
-    weights += g * NT * n_used;
-    counter += g;
+    // This block's group of NT tokens (grid.y groups per launch); the
+    // output pointers move after the dot products, so they are not live
+    // across them.
+    z += (u64)blockIdx.y * NT * d;
     float acc[ROWS][NT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -326,6 +323,13 @@ DEVI void moe_route_body(const u8* __restrict__ w, const float* __restrict__ z, 
             }
     }
 #endif
+    {
+        const u64 g = blockIdx.y;
+        logits += g * NT * n_experts;
+        ids += g * NT * n_used;
+        weights += g * NT * n_used;
+        counter += g;
+    }
     if (warp == 0 && lane == 0) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r)
