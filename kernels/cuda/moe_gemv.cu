@@ -10,9 +10,8 @@
 //   DOWN (moe_gemv_down_n1 .. _n8):
 //       y[t][r] = sum_j weights[t][j] * (D_e[r] . h[t*K + j]),  r < d
 //     D_e rows e*d .. e*d + d of the down tensor (E * d rows of ffn; ggml
-//     ne [ffn, d, E]); per lane the sum runs over its chunks, and within a
-//     chunk over the experts in the grouping order below, each product
-//     weighted as it is added (the chunks of DOWN_EU experts loaded first).
+//     ne [ffn, d, E]); per lane the sum runs over its (expert, chunk) units
+//     in walk order (below), each product weighted as it is added.
 //
 // ids i32 [NT][K] and weights f32 [NT][K] are moe_route's outputs (K =
 // n_used): a token's K ids are distinct; a pair whose id is outside
@@ -35,9 +34,12 @@
 //
 // Grid: GATE_UP (ceil(ffn / (WARPS*ROWS)), min(E, NT*K)); DOWN
 // (ceil(d / (WARPS*ROWS)), 1); block WARPS*32 threads. Warp w of block b
-// owns ROWS consecutive rows from (b*WARPS + w)*ROWS; its lanes walk the
-// row's chunks lane, lane+32, ...; shuffles reduce. Every output element
-// is written exactly once.
+// owns ROWS consecutive rows from (b*WARPS + w)*ROWS. GATE_UP: its lanes
+// walk the row's chunks lane, lane+32, ...; DOWN: its lanes walk the units
+// u*nchunks + c (distinct expert u in grouping order, chunk c of that
+// expert's row) the same way, so the step's experts form one stream per
+// row. Each lane loads UNROLL chunks (units) of its ROWS rows before using
+// any; shuffles reduce. Every output element is written exactly once.
 // Contract: fp (reassociated f32 sums of exactly dequantized weights;
 // GELU in f32 with tanhf).
 //
@@ -52,6 +54,8 @@
 //   STAGE        GATE_UP | DOWN
 //   ROWS         rows per warp: 1, 2, 4
 //   WARPS        warps per block: 1, 2, 4, 8
+//   UNROLL       chunks (DOWN: units) per lane loaded together: 1, 2, 4, 8
+//                (GATE_UP: ROWS*UNROLL <= 8, DOWN: <= 16; the register budget)
 //   COUNT_BYTES  0 | 1: count the weight bytes read per expert into count[]
 
 #ifndef WTYPE
@@ -68,6 +72,9 @@
 #endif
 #ifndef WARPS
 #error "moe_gemv.cu needs WARPS"
+#endif
+#ifndef UNROLL
+#error "moe_gemv.cu needs UNROLL"
 #endif
 #ifndef COUNT_BYTES
 #error "moe_gemv.cu needs COUNT_BYTES"
@@ -96,12 +103,14 @@
 #if WARPS != 1 && WARPS != 2 && WARPS != 4 && WARPS != 8
 #error "moe_gemv.cu: WARPS must be 1, 2, 4 or 8"
 #endif
+#if UNROLL != 1 && UNROLL != 2 && UNROLL != 4 && UNROLL != 8
+#error "moe_gemv.cu: UNROLL must be 1, 2, 4 or 8"
+#endif
+#if ROWS * UNROLL > (STAGE == GATE_UP ? 8 : 16)
+#error "moe_gemv.cu: ROWS * UNROLL over the register budget (GATE_UP 8, DOWN 16)"
+#endif
 
 #include "gemv_chunk.cuh"
-
-// DOWN: experts whose chunks a lane loads before using any (fewer at four
-// rows per warp, where the chunks would pass the register budget).
-#define DOWN_EU (ROWS >= 4 ? 2 : 4)
 
 // Most experts per token (moe_route's bound).
 #define MAX_USED 32
@@ -221,24 +230,36 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[m][r][t] = 0.f;
     const int nchunks = d / CHUNK;
-    for (int c = lane; c < nchunks; c += 32) {
-        Chunk ch[2][ROWS];
+    // UNROLL chunks of the lane's gate and up rows are loaded before any is
+    // used: 2 x ROWS x UNROLL loads in flight per lane.
+    for (int c0 = lane; c0 < nchunks; c0 += 32 * UNROLL) {
+        Chunk ch[UNROLL][2][ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            // Rows past the end re-read the last row; their sums are dropped.
-            const int row = min(row0 + r, ffn - 1);
-            ch[0][r] = load_chunk(wq, wd, base + row, c, d);
-            ch[1][r] = load_chunk(wq, wd, base + ffn + row, c, d);
+        for (int v = 0; v < UNROLL; ++v) {
+            // Chunks past the row's end re-read its last chunk (skipped below).
+            const int c = min(c0 + 32 * v, nchunks - 1);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                // Rows past the end re-read the last row; their sums are dropped.
+                const int row = min(row0 + r, ffn - 1);
+                ch[v][0][r] = load_chunk(wq, wd, base + row, c, d);
+                ch[v][1][r] = load_chunk(wq, wd, base + ffn + row, c, d);
+            }
         }
-        const int el = c * CHUNK;
+#pragma unroll
+        for (int v = 0; v < UNROLL; ++v) {
+            const int c = c0 + 32 * v;
+            if (c >= nchunks) break;
+            const int el = c * CHUNK;
 #pragma unroll 1
-        for (int i = 0; i < cnt; ++i) {
-            const int t = g.tok[u][i];
-            const float* xr = x + (u64)t * d;
+            for (int i = 0; i < cnt; ++i) {
+                const int t = g.tok[u][i];
+                const float* xr = x + (u64)t * d;
 #pragma unroll
-            for (int m = 0; m < 2; ++m)
+                for (int m = 0; m < 2; ++m)
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[m][r], t, chunk_dot(ch[m][r], xr, el));
+                    for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[m][r], t, chunk_dot(ch[v][m][r], xr, el));
+            }
         }
     }
 #pragma unroll
@@ -286,33 +307,44 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
     const int nchunks = ffn / CHUNK;
-    // A lane's chunk of EU experts' rows is loaded before any is used, so
-    // EU x ROWS loads are in flight (an expert row of the down stacks is a
-    // short stream: 22 chunks of Q8_0 at 26B-A4B's 704).
-    for (int c = lane; c < nchunks; c += 32) {
-        const int el = c * CHUNK;
-        for (int u0 = 0; u0 < g.n; u0 += DOWN_EU) {
-            Chunk ch[DOWN_EU][ROWS];
+    // The lane walks the (expert, chunk) units u * nchunks + c of its rows,
+    // lane, lane + 32, ...: an expert row of the down stacks is a short
+    // stream (44 chunks of Q8_0 planes at 26B-A4B's 704), so walking the
+    // experts' rows as one stream keeps every lane busy. UNROLL units x ROWS
+    // rows are loaded before any is used.
+    const int nunits = g.n * nchunks;
+    int uu = lane / nchunks, cc = lane % nchunks;  // the unit of q = q0
+    for (int q0 = lane; q0 < nunits; q0 += 32 * UNROLL) {
+        Chunk ch[UNROLL][ROWS];
+        int un[UNROLL], cn[UNROLL];
 #pragma unroll
-            for (int v = 0; v < DOWN_EU; ++v) {
-                // Past the last expert: re-read it; the sums are skipped.
-                const int e = g.expert[min(u0 + v, g.n - 1)];
+        for (int v = 0; v < UNROLL; ++v) {
+            un[v] = uu;
+            cn[v] = cc;
+            // Units past the end re-read the last unit (skipped below).
+            const int e = g.expert[min(uu, g.n - 1)];
+            const int c = uu < g.n ? cc : nchunks - 1;
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) ch[v][r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
+            for (int r = 0; r < ROWS; ++r) ch[v][r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
+            cc += 32;
+            while (cc >= nchunks) {
+                cc -= nchunks;
+                ++uu;
             }
+        }
 #pragma unroll
-            for (int v = 0; v < DOWN_EU; ++v) {
-                const int u = u0 + v;
-                if (u >= g.n) break;
-                const int cnt = g.cnt[u];
+        for (int v = 0; v < UNROLL; ++v) {
+            const int u = un[v];
+            if (u >= g.n) break;
+            const int el = cn[v] * CHUNK;
+            const int cnt = g.cnt[u];
 #pragma unroll 1
-                for (int i = 0; i < cnt; ++i) {
-                    const int p = g.pair[u][i];
-                    const float w = __ldg(weights + p);
-                    const float* hr = h + (u64)p * ffn;
+            for (int i = 0; i < cnt; ++i) {
+                const int p = g.pair[u][i];
+                const float w = __ldg(weights + p);
+                const float* hr = h + (u64)p * ffn;
 #pragma unroll
-                    for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot(ch[v][r], hr, el));
-                }
+                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot(ch[v][r], hr, el));
             }
         }
     }

@@ -14,8 +14,8 @@ use gemtune_kernels::bind::moe::{
     MoeGroupArgs, MoeRouteArgs,
 };
 use gemtune_kernels::bind::rows::{
-    ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, ScaleExpandArgs,
-    SoftcapArgs,
+    ActConvertArgs, EmbedArgs, GeluMulArgs, PleArgs, QkNormRopeArgs, RmsNormArgs, RmsNormMoe,
+    ScaleExpandArgs, SoftcapArgs,
 };
 use gemtune_kernels::bind::{Act, ActFormat, NULL};
 use gemtune_kernels::compile::{compile, default_cache_dir, nvrtc_available, Arch};
@@ -273,6 +273,7 @@ fn launches(
                 scale: NULL,
                 w_out: NULL,
                 out: f32_act,
+                moe: RmsNormMoe::default(),
                 rows: 0,
                 width: 0,
                 eps: 0.0,

@@ -209,8 +209,6 @@ impl Sizes {
 
 /// The MoE block's buffers, sized for chunks of `rows` rows.
 pub struct MoeBuffers {
-    /// f1, then f1 + f2: f32 `[rows][d]`, the addend `layer_end` reads.
-    pub sum: DeviceBuffer,
     /// The router input, f32 `[rows][d]`.
     pub z: DeviceBuffer,
     /// The experts' input `a2`, f32 `[rows][d]`.
@@ -250,7 +248,7 @@ fn sizes(
     cfg: &Gemma4Config,
     rows: usize,
     grouped_bm: Option<usize>,
-) -> Option<([usize; 9], Option<MoeGemmScratch>)> {
+) -> Option<([usize; 8], Option<MoeGemmScratch>)> {
     let m = cfg.moe.as_ref()?;
     let (d, e, k, fe) = (cfg.d_model, m.n_experts, m.n_experts_used, m.expert_ffn_dim);
     let rows = rows.max(1);
@@ -259,7 +257,6 @@ fn sizes(
     let h = grouped.map_or(0, |s| s.h).max(4 * g * k * fe);
     Some((
         [
-            4 * rows * d,
             4 * rows * d,
             4 * rows * d,
             4 * rows * d,
@@ -297,15 +294,14 @@ impl MoeBuffers {
             None => None,
         };
         Ok(Some(MoeBuffers {
-            sum: a(s[0])?,
-            z: a(s[1])?,
-            a2: a(s[2])?,
-            e: a(s[3])?,
-            logits: a(s[4])?,
-            ids: a(s[5])?,
-            weights: a(s[6])?,
-            h: a(s[7])?,
-            counter: gpu.upload(&vec![0u32; s[8] / 4])?,
+            z: a(s[0])?,
+            a2: a(s[1])?,
+            e: a(s[2])?,
+            logits: a(s[3])?,
+            ids: a(s[4])?,
+            weights: a(s[5])?,
+            h: a(s[6])?,
+            counter: gpu.upload(&vec![0u32; s[7] / 4])?,
             grouped,
         }))
     }

@@ -768,10 +768,20 @@ impl Builder<'_> {
             )?;
             let o = self.matmul(Proj::O, ld.o, r, attention.out == ActFormat::F32)?;
             let gate_up = self.matmul(Proj::GateUp, ld.gate_up, r, false)?;
+            // A MoE layer's attention residual also writes the router input
+            // and the experts' input norm (OUTS=3), and the launch that adds
+            // the FFN's output sums the shared MLP's and the experts' halves
+            // with their post norms (SUM_IN): the PLE's FFN residual where
+            // the layer has one, else the layer's end.
+            let is_moe = ld.moe.is_some();
+            let mut residual_bound = norm_bound(gate_up.input, true, true);
+            if is_moe {
+                residual_bound.push(("OUTS", DefineValue::Int(3)));
+            }
             let attn_residual = self.push(
                 Slot::RmsNorm,
                 rows_problem(r, d),
-                norm_bound(gate_up.input, true, true),
+                residual_bound,
                 GridRule::Rows,
             )?;
             let fused = gate_up.fuses_gelu();
@@ -787,13 +797,20 @@ impl Builder<'_> {
                 )?)
             };
             let moe = ld.moe.as_ref().map(|m| self.moe(m, r)).transpose()?;
+            let sum_in = |mut b: Vec<(&'static str, DefineValue)>, on: bool| {
+                if on {
+                    b.push(("SUM_IN", DefineValue::Int(1)));
+                }
+                b
+            };
+            let end_sums = is_moe && ld.ple.is_none();
             let end_bound = norm_bound(ActFormat::F32, true, false);
             let ple = match ld.ple {
                 Some((g, p)) => {
                     let ffn_residual = self.push(
                         Slot::RmsNorm,
                         rows_problem(r, d),
-                        end_bound.clone(),
+                        sum_in(end_bound.clone(), is_moe),
                         GridRule::Rows,
                     )?;
                     let gate = self.matmul(Proj::Ple, g, r, true)?;
@@ -822,13 +839,18 @@ impl Builder<'_> {
                     Some(self.push(
                         Slot::RmsNorm,
                         rows_problem(r, d),
-                        norm_bound(f, true, true),
+                        sum_in(norm_bound(f, true, true), end_sums),
                         GridRule::Rows,
                     )?)
                 }
                 None => None,
             };
-            let end = self.push(Slot::RmsNorm, rows_problem(r, d), end_bound, GridRule::Rows)?;
+            let end = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                sum_in(end_bound, end_sums),
+                GridRule::Rows,
+            )?;
             layers.push(LayerPlan {
                 input_norm,
                 qkv,
@@ -923,10 +945,6 @@ pub enum MoeExperts {
 /// A MoE layer's expert block at a bucket's rows.
 #[derive(Clone, Debug)]
 pub struct MoePlan {
-    /// `rmsnorm(src) * w -> dst` in f32 (f1, the router input, a2).
-    pub norm: LaunchId,
-    /// `dst += rmsnorm(src) * w` (f1 + f2).
-    pub norm_add: LaunchId,
     /// `moe_route` per group size (as `MoeExperts::Groups`), the full
     /// groups of a chunk in one launch (grid.y).
     pub routes: Vec<(usize, LaunchId)>,
@@ -967,18 +985,6 @@ impl Builder<'_> {
     /// The expert block of a MoE layer of shapes `m` at `r` rows.
     fn moe(&mut self, m: &MoeDims, r: usize) -> Result<MoePlan, PlanError> {
         let d = self.cfg.d_model;
-        let f32_out = vec![
-            ("OUT", DefineValue::Str(ActFormat::F32.define().into())),
-            ("ADD", DefineValue::Int(0)),
-            ("NORM_OUT", DefineValue::Int(1)),
-        ];
-        let add_only = vec![
-            ("OUT", DefineValue::Str(ActFormat::F32.define().into())),
-            ("ADD", DefineValue::Int(1)),
-            ("NORM_OUT", DefineValue::Int(0)),
-        ];
-        let norm = self.push(Slot::RmsNorm, rows_problem(r, d), f32_out, GridRule::Rows)?;
-        let norm_add = self.push(Slot::RmsNorm, rows_problem(r, d), add_only, GridRule::Rows)?;
         let problem = |rows: usize, wtype| {
             Problem::Moe(MoeProblem {
                 tokens: rows,
@@ -1054,8 +1060,6 @@ impl Builder<'_> {
             }
         }
         Ok(MoePlan {
-            norm,
-            norm_add,
             routes,
             experts,
             gate_up_layout,
@@ -1453,6 +1457,16 @@ mod tests {
             for (l, lp) in b.layers.iter().enumerate() {
                 assert_eq!(lp.ple.is_some(), cfg.ple_dim > 0);
                 assert_eq!(lp.end_with_next_norm.is_some(), l + 1 < cfg.n_layers);
+                // The MoE modes of the norm stay off on a dense model.
+                assert!(lp.moe.is_none());
+                for id in [Some(lp.attn_residual), Some(lp.end), lp.end_with_next_norm]
+                    .into_iter()
+                    .flatten()
+                {
+                    let d = &p.launches[id].res.defines;
+                    assert_eq!(d.get("SUM_IN"), Some(&DefineValue::Int(0)));
+                    assert_eq!(d.get("OUTS"), Some(&DefineValue::Int(1)));
+                }
             }
         }
         let mut keys = BTreeSet::new();

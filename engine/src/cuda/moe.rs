@@ -2,42 +2,45 @@
 //! (`CudaEngine::moe_block`) that runs the launches a bucket planned for it
 //! (`forward_plan::MoePlan`) on its buffers (`buffers::MoeBuffers`).
 //!
-//! On a MoE layer `ffn_block` runs the dense shared MLP as on every model
-//! (from `a1 = rmsnorm(h) * ffn_norm`, into `y`); this block then adds the
-//! experts (`cpu::moe` is the reference, `h` the residual stream):
+//! On a MoE layer the attention residual's norm (the sandwich-norm
+//! kernel with `OUTS=3`) writes, from one sum of squares of the residual
+//! stream `h`, the shared MLP's input and the experts' two inputs;
+//! `ffn_block` runs the dense shared MLP into `y` as on every model; this
+//! block routes and runs the experts into `e`; and the launch that adds
+//! the FFN's output to `h` (`layer_end`, `SUM_IN=1`) sums the two halves
+//! with their post norms (`cpu::moe` is the reference):
 //!
 //! ```text
-//! sum = rmsnorm(y) * post_ffw_norm_1                      f1
-//! z   = rmsnorm(h) * (ffn_gate_inp.scale * d^-1/2)         the router input
+//! a1  = rmsnorm(h) * ffn_norm                              attn residual: the shared MLP's input
+//! z   = rmsnorm(h) * (ffn_gate_inp.scale * d^-1/2)         the router input (OUTS=3)
+//! a2  = rmsnorm(h) * pre_ffw_norm_2                        the experts' input (OUTS=3)
+//! y   = shared_mlp(a1)                                     ffn_block
 //! ids, w = moe_route(z)                                    top-k of the logits, renormalised, x expert scales
-//! a2  = rmsnorm(h) * pre_ffw_norm_2
 //! e   = experts(a2)                                        sum_j w_j down_j(gelu(gate_j a2) * up_j a2)
-//! sum += rmsnorm(e) * post_ffw_norm_2                      f1 + f2
+//! h  += rmsnorm(rmsnorm(y) * post_ffw_norm_1 + rmsnorm(e) * post_ffw_norm_2) * post_ffw_norm
 //! ```
 //!
-//! and `layer_end` adds `rmsnorm(sum) * post_ffw_norm` to `h` as it adds
-//! the dense FFN's output on the other models. Every launch reads the
+//! The last line is `layer_end` (SUM_IN), which then writes the next
+//! layer's input norm as on the dense models. Every launch reads the
 //! expert ids `moe_route` wrote on the device, so a decode step replays in
 //! a CUDA graph with no host round trip. A prefill chunk routes its rows in
 //! one `moe_route` launch per group size (grid.y groups of 8 rows, then the
 //! remainder) and runs the experts as grouped GEMMs (`moe_gemm`: sort,
 //! gate|up, down, weighted sum) where the plan has them, otherwise as
-//! `moe_gemv` groups of at most 8 rows; the norms run over the whole chunk.
-//! The norms are the sandwich-norm kernel in its two single forms: the norm
-//! of a buffer written to another (`rmsnorm(src) * w -> dst`) and the
-//! normed add (`dst += rmsnorm(src) * w`).
+//! `moe_gemv` groups of at most 8 rows.
 
 use gemtune_kernels::bind::moe::{
     ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs, MoeGemmGateUpArgs,
     MoeGroupArgs, MoeRouteArgs,
 };
-use gemtune_kernels::bind::{Act, DevPtr, NULL};
+use gemtune_kernels::bind::rows::RmsNormMoe;
+use gemtune_kernels::bind::NULL;
 use gemtune_kernels::gpu::DeviceBuffer;
 use gemtune_kernels::runtime::Kernel;
 
 use super::engine::{dev, CudaEngine};
 use super::forward_plan::{
-    LaunchId, LayerPlan, MoeExperts, MoeGemmPlan, MoeGroupPlan, MoePlan, MOE_GROUP_ROWS,
+    LayerPlan, MoeExperts, MoeGemmPlan, MoeGroupPlan, MoePlan, MOE_GROUP_ROWS,
 };
 use super::slots::Phase;
 use super::stages::Rows;
@@ -45,39 +48,6 @@ use super::weights::{GpuMatrix, Layouts};
 use crate::engine::EngineError;
 
 impl CudaEngine<'_> {
-    /// `rmsnorm(src) * w -> dst` (`add`: `dst += rmsnorm(src) * w`) over
-    /// `rows` rows with launch `id`.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_norm(
-        &self,
-        k: &[Kernel],
-        id: LaunchId,
-        src: DevPtr,
-        w: DevPtr,
-        dst: DevPtr,
-        add: bool,
-        rows: usize,
-    ) -> Result<(), EngineError> {
-        let cfg = self.model.config();
-        let (h, y, w_add, w_out, out) = if add {
-            (dst, src, w, NULL, Act::f32(NULL))
-        } else {
-            (src, NULL, NULL, w, Act::f32(dst))
-        };
-        let a = gemtune_kernels::bind::rows::RmsNormArgs {
-            h,
-            y,
-            w_add,
-            scale: NULL,
-            w_out,
-            out,
-            rows,
-            width: cfg.d_model,
-            eps: cfg.rms_eps,
-        };
-        k[id].launch(&self.gpu, &a.kargs()).map_err(dev)
-    }
-
     /// The expert block of MoE layer `l` after its shared MLP wrote `y`:
     /// leaves `f1 + f2` in `MoeBuffers::sum` for `layer_end`. Does nothing
     /// on a dense layer.
@@ -104,21 +74,6 @@ impl CudaEngine<'_> {
             moe.n_experts,
         );
         let r = rows.n;
-        let x = self.b.x.ptr();
-        self.mark(Phase::Norm)?;
-        self.moe_norm(
-            k,
-            mp.norm,
-            self.b.y.ptr(),
-            mw.post_norm_1.ptr(),
-            mb.sum.ptr(),
-            false,
-            r,
-        )?;
-        self.mark(Phase::MoeRoute)?;
-        self.moe_norm(k, mp.norm, x, mw.router_norm.ptr(), mb.z.ptr(), false, r)?;
-        self.mark(Phase::Norm)?;
-        self.moe_norm(k, mp.norm, x, mw.pre_norm_2.ptr(), mb.a2.ptr(), false, r)?;
         let gu_w = |m: &GpuMatrix, lay: Layouts| -> Result<ExpertWeights, EngineError> {
             let layout = lay.only().ok_or_else(|| {
                 EngineError::Device(format!("{}: not planned in one layout", m.name))
@@ -203,16 +158,7 @@ impl CudaEngine<'_> {
                 r0 += n;
             }
         }
-        self.mark(Phase::Norm)?;
-        self.moe_norm(
-            k,
-            mp.norm_add,
-            mb.e.ptr(),
-            mw.post_norm_2.ptr(),
-            mb.sum.ptr(),
-            true,
-            r,
-        )
+        Ok(())
     }
 
     /// The chosen experts of a prefill chunk of `r` rows as grouped GEMMs:
@@ -306,12 +252,35 @@ impl CudaEngine<'_> {
         })
     }
 
-    /// The addend `layer_end` normalizes into the residual stream: the
-    /// MoE block's `f1 + f2` on a MoE layer, else `y`.
-    pub(super) fn ffn_output(&self, lp: &LayerPlan) -> DevPtr {
-        match (&lp.moe, &self.moe_buffers) {
-            (Some(_), Some(mb)) => mb.sum.ptr(),
-            _ => self.b.y.ptr(),
+    /// The router input and the experts' input norm of MoE layer `l`,
+    /// which its attention residual writes beside the shared MLP's input
+    /// (`OUTS=3`); nothing on a dense layer.
+    pub(super) fn moe_inputs(&self, lp: &LayerPlan, l: usize) -> RmsNormMoe {
+        match (&lp.moe, self.w.layers[l].moe.as_ref(), &self.moe_buffers) {
+            (Some(_), Some(mw), Some(mb)) => RmsNormMoe {
+                out2: mb.z.ptr(),
+                w_out2: mw.router_norm.ptr(),
+                out3: mb.a2.ptr(),
+                w_out3: mw.pre_norm_2.ptr(),
+                ..Default::default()
+            },
+            _ => RmsNormMoe::default(),
+        }
+    }
+
+    /// The FFN output's two halves on MoE layer `l`, which the launch that
+    /// adds the FFN's output to the residual sums (`SUM_IN`):
+    /// `rmsnorm(y) * post_ffw_norm_1 + rmsnorm(e) * post_ffw_norm_2`;
+    /// nothing on a dense layer.
+    pub(super) fn moe_sum(&self, lp: &LayerPlan, l: usize) -> RmsNormMoe {
+        match (&lp.moe, self.w.layers[l].moe.as_ref(), &self.moe_buffers) {
+            (Some(_), Some(mw), Some(mb)) => RmsNormMoe {
+                y2: mb.e.ptr(),
+                w_y: mw.post_norm_1.ptr(),
+                w_y2: mw.post_norm_2.ptr(),
+                ..Default::default()
+            },
+            _ => RmsNormMoe::default(),
         }
     }
 }
@@ -320,7 +289,7 @@ impl CudaEngine<'_> {
 mod tests {
     use super::*;
     use crate::config::Gemma4Config;
-    use crate::cuda::forward_plan::{ForwardPlan, Sizing};
+    use crate::cuda::forward_plan::{ForwardPlan, LaunchId, Sizing};
     use crate::cuda::model_dims::{model_bytes, ModelDims};
     use crate::cuda::planner::Planner;
     use crate::profile::Profile;
@@ -351,6 +320,25 @@ mod tests {
         let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
             .unwrap_or_else(|e| panic!("{profile} {v:?} {w:?}: {e}"));
         (plan, dims, cfg)
+    }
+
+    /// A MoE slot may name an entry per weight type (`slot@WTYPE`, the
+    /// expert stacks' type): main serves Q4_K gate|up stacks with its own
+    /// row count and Q8_0 ones with the group's entry.
+    #[test]
+    fn moe_slots_resolve_per_expert_weight_type() {
+        for (w, rows) in [(WeightType::Q8_0, 1), (WeightType::Q4KM, 2)] {
+            let (plan, _, _) = moe_plan("main", SynthVariant::B26A4b, w, 64);
+            let b = plan.bucket(1).expect("the decode bucket");
+            let mp = b.layers[0].moe.as_ref().expect("a MoE layer");
+            let g = mp.group(1).expect("one row's expert GEMVs");
+            let res = &plan.launches[g.gate_up].res;
+            assert_eq!(
+                res.defines.get("ROWS"),
+                Some(&DefineValue::Int(rows)),
+                "{w:?}"
+            );
+        }
     }
 
     /// Every bucket of a MoE model plans the expert block on every layer:
@@ -434,6 +422,21 @@ mod tests {
                     }
                     assert_eq!(mp.gate_up_layout.count(), 1, "{what}");
                     assert_eq!(mp.down_layout.count(), 1, "{what}");
+                    // The norms ride on the dense launches: the attention
+                    // residual writes the router and expert inputs, the
+                    // layer's end sums the FFN's two halves.
+                    let int = |id: LaunchId, key: &str| match plan.launches[id].res.defines.get(key)
+                    {
+                        Some(DefineValue::Int(v)) => *v,
+                        other => panic!("{what}: {key} = {other:?}"),
+                    };
+                    assert_eq!(int(lp.attn_residual, "OUTS"), 3, "{what}");
+                    assert_eq!(int(lp.attn_residual, "SUM_IN"), 0, "{what}");
+                    let ends = [Some(lp.end), lp.end_with_next_norm];
+                    for id in ends.into_iter().flatten() {
+                        assert_eq!(int(id, "SUM_IN"), 1, "{what}");
+                        assert_eq!(int(id, "OUTS"), 1, "{what}");
+                    }
                 }
             }
             assert_eq!(plan.moe_gemm_bm().is_some(), grouped, "{what}");

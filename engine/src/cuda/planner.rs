@@ -131,8 +131,12 @@ impl Planner {
         self.lookups.fetch_add(1, Ordering::Relaxed);
         let err = |msg: String| PlanError::slot(slot, msg);
         let slot = slot.name();
+        // A weight-reading slot may have a `slot@WTYPE` entry: the matmuls'
+        // weight type, the MoE kernels' (the router's for `moe_route`, the
+        // expert stacks' for the expert kernels).
         let wt = match p {
             Problem::Matmul(mp) => Some(mp.wtype.name().to_ascii_uppercase()),
+            Problem::Moe(e) => Some(e.wtype.name().to_ascii_uppercase()),
             _ => None,
         };
         let choice = self

@@ -284,8 +284,10 @@ impl CudaEngine<'_> {
 
     /// The sandwich-norm kernel: with `add`, `h += rmsnorm(y) * w_add`
     /// (times the layer scalar at `scale`); then, with `out`, the norm of
-    /// `h` times `w_out` in `out`'s format. The launch `id` was planned for
-    /// exactly these formats.
+    /// `h` times `w_out` in `out`'s format. `moe` carries a MoE layer's
+    /// extra operands (`RmsNormMoe`: the summed addend, the two extra
+    /// outputs); default elsewhere. The launch `id` was planned for exactly
+    /// these formats and modes.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm(
         &self,
@@ -295,6 +297,7 @@ impl CudaEngine<'_> {
         add: Option<(DevPtr, DevPtr)>,
         scale: DevPtr,
         out: Option<(DevPtr, Act)>,
+        moe: brows::RmsNormMoe,
         rows: usize,
     ) -> Result<(), EngineError> {
         self.mark(Phase::Norm)?;
@@ -306,6 +309,7 @@ impl CudaEngine<'_> {
             scale,
             w_out: out.map(|o| o.0).unwrap_or(NULL),
             out: out.map(|o| o.1).unwrap_or(Act::f32(NULL)),
+            moe,
             rows,
             width: cfg.d_model,
             eps: cfg.rms_eps,
@@ -415,6 +419,7 @@ impl CudaEngine<'_> {
             None,
             NULL,
             Some((lw.attn_norm.ptr(), out)),
+            Default::default(),
             rows.n,
         )
     }
@@ -545,6 +550,7 @@ impl CudaEngine<'_> {
             Some((self.b.y.ptr(), lw.post_attn_norm.ptr())),
             NULL,
             Some((lw.ffn_norm.ptr(), out)),
+            self.moe_inputs(lp, l),
             rows.n,
         )
     }
@@ -610,9 +616,10 @@ impl CudaEngine<'_> {
             k,
             pp.ffn_residual,
             x,
-            Some((self.ffn_output(lp), lw.post_ffw_norm.ptr())),
+            Some((self.b.y.ptr(), lw.post_ffw_norm.ptr())),
             NULL,
             None,
+            self.moe_sum(lp, l),
             r,
         )?;
         let xa = self.input_from_f32(k, &pp.gate, x, r)?;
@@ -665,13 +672,24 @@ impl CudaEngine<'_> {
             _ => (lp.end, None),
         };
         // The PLE injection added the FFN's output already and left its
-        // own in `y`.
-        let y = if lp.ple.is_some() {
-            self.b.y.ptr()
+        // own in `y`; otherwise `y` is the FFN's (a MoE layer's shared MLP,
+        // summed with the experts' output in this launch).
+        let moe = if lp.ple.is_some() {
+            Default::default()
         } else {
-            self.ffn_output(lp)
+            self.moe_sum(lp, l)
         };
-        self.rmsnorm(k, id, self.b.x.ptr(), Some((y, post)), scale, out, rows.n)
+        let y = self.b.y.ptr();
+        self.rmsnorm(
+            k,
+            id,
+            self.b.x.ptr(),
+            Some((y, post)),
+            scale,
+            out,
+            moe,
+            rows.n,
+        )
     }
 
     /// Final norm, tied head and softcap for rows `r0..r0+r` of `x` (at most
@@ -696,6 +714,7 @@ impl CudaEngine<'_> {
             None,
             NULL,
             Some((self.w.output_norm.ptr(), out)),
+            Default::default(),
             r,
         )?;
         let logits = &self.b.logits;

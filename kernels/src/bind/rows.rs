@@ -5,7 +5,8 @@
 use super::{i32_arg, ptr, Act, DevPtr};
 use crate::gpu::KArg;
 
-/// `rmsnorm(h, y, w_add, scale, w_out, out, out_scales, rows, width, eps)`.
+/// `rmsnorm(h, y, w_add, scale, w_out, out, out_scales, y2, w_y, w_y2,
+/// out2, w_out2, out3, w_out3, rows, width, eps)`.
 #[derive(Clone, Copy, Debug)]
 pub struct RmsNormArgs {
     pub h: DevPtr,
@@ -14,9 +15,26 @@ pub struct RmsNormArgs {
     pub scale: DevPtr,
     pub w_out: DevPtr,
     pub out: Act,
+    /// The mixture-of-experts operands (SUM_IN, OUTS=3); all NULL otherwise.
+    pub moe: RmsNormMoe,
     pub rows: usize,
     pub width: usize,
     pub eps: f32,
+}
+
+/// The operands of rmsnorm's mixture-of-experts modes: with SUM_IN the
+/// addend is `rmsnorm(y) * w_y + rmsnorm(y2) * w_y2`; with OUTS=3 the
+/// normalized h is also written times `w_out2` to `out2` and times
+/// `w_out3` to `out3` (f32; NULL skips one).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RmsNormMoe {
+    pub y2: DevPtr,
+    pub w_y: DevPtr,
+    pub w_y2: DevPtr,
+    pub out2: DevPtr,
+    pub w_out2: DevPtr,
+    pub out3: DevPtr,
+    pub w_out3: DevPtr,
 }
 
 impl RmsNormArgs {
@@ -29,6 +47,13 @@ impl RmsNormArgs {
             ptr(self.w_out),
             ptr(self.out.data),
             ptr(self.out.scales),
+            ptr(self.moe.y2),
+            ptr(self.moe.w_y),
+            ptr(self.moe.w_y2),
+            ptr(self.moe.out2),
+            ptr(self.moe.w_out2),
+            ptr(self.moe.out3),
+            ptr(self.moe.w_out3),
             i32_arg(self.rows),
             i32_arg(self.width),
             KArg::F32(self.eps),

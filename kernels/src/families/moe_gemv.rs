@@ -279,6 +279,7 @@ impl Family for MoeGemv {
             ("LAYOUT", layout),
             ("ROWS", 1i64),
             ("WARPS", 4),
+            ("UNROLL", 1),
             ("COUNT_BYTES", 0),
         ]);
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
@@ -306,9 +307,29 @@ impl Family for MoeGemv {
     ) -> Result<LaunchGeometry, String> {
         let mp = moe_of(p)?;
         let stage = Stage::of(d)?;
-        check_weights(d, mp, stage)?;
+        let wt = check_weights(d, mp, stage)?;
         let rows = int_in(d, "ROWS", &[1, 2, 4])?;
         let warps = int_in(d, "WARPS", &[1, 2, 4, 8])?;
+        let unroll = int_in(d, "UNROLL", &[1, 2, 4, 8])?;
+        // The chunks a lane holds at once: GATE_UP loads a gate and an up
+        // chunk per row, DOWN one per row.
+        let budget = match stage {
+            Stage::GateUp => 8,
+            Stage::Down => 16,
+        };
+        if rows * unroll > budget {
+            return Err(format!(
+                "ROWS={rows} x UNROLL={unroll} chunks per lane exceed the {stage:?} stage's register budget of {budget}"
+            ));
+        }
+        // A k-quant chunk carries its sub-block scales (and Q5_K / Q6_K
+        // high bits): GATE_UP at eight tokens spills with several rows
+        // and several chunks at once.
+        if stage == Stage::GateUp && wt.is_kquant() && rows > 1 && unroll > 1 {
+            return Err(format!(
+                "ROWS={rows} x UNROLL={unroll}: k-quant gate_up chunks exceed the register budget (one of ROWS, UNROLL must be 1)"
+            ));
+        }
         int_in(d, "COUNT_BYTES", &[0, 1])?;
         if !(1..=8).contains(&mp.tokens) {
             return Err(format!(
@@ -672,6 +693,17 @@ mod tests {
         bad(&with(&d, &[("STAGE", "UP".into())]), p, "STAGE=UP");
         bad(&with(&d, &[("ROWS", 3i64.into())]), p, "ROWS=3");
         bad(&with(&d, &[("WARPS", 16i64.into())]), p, "WARPS=16");
+        bad(&with(&d, &[("UNROLL", 3i64.into())]), p, "UNROLL=3");
+        bad(
+            &with(&d, &[("ROWS", 4i64.into()), ("UNROLL", 4i64.into())]),
+            p,
+            "register budget",
+        );
+        bad(
+            &with(&k4, &[("ROWS", 2i64.into()), ("UNROLL", 2i64.into())]),
+            prob(1, 128, 8, 2816, 704, GgmlType::Q4K),
+            "k-quant gate_up",
+        );
         bad(
             &with(&d, &[("COUNT_BYTES", 2i64.into())]),
             p,

@@ -7,8 +7,8 @@ use super::rows_common::{
     RowsWorkload,
 };
 use super::{gemv::fp_rms_bound, random_matrix, rng_for};
-use crate::bind::rows::RmsNormArgs;
-use crate::bind::{Act, ActFormat, NULL};
+use crate::bind::rows::{RmsNormArgs, RmsNormMoe};
+use crate::bind::{Act, ActFormat, DevPtr, NULL};
 use crate::defines::{defines, int_in, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
@@ -25,18 +25,48 @@ pub struct RmsNorm;
 const MAXV: usize = 8;
 const EPS: f32 = 1e-6;
 
-fn modes(d: &Defines) -> Result<(bool, bool), String> {
+/// The call-site modes of a launch.
+#[derive(Clone, Copy, Debug)]
+struct Modes {
+    add: bool,
+    norm_out: bool,
+    /// SUM_IN: the addend is the sum of two normalized rows.
+    sum_in: bool,
+    /// OUTS=3: two more f32 normalized outputs.
+    outs3: bool,
+}
+
+fn modes(d: &Defines) -> Result<Modes, String> {
     let add = int_in(d, "ADD", &[0, 1])? == 1;
     let norm_out = int_in(d, "NORM_OUT", &[0, 1])? == 1;
+    let sum_in = int_in(d, "SUM_IN", &[0, 1])? == 1;
+    let outs3 = int_in(d, "OUTS", &[1, 3])? == 3;
     if !add && !norm_out {
         return Err("ADD=0 with NORM_OUT=0 computes nothing".into());
     }
-    Ok((add, norm_out))
+    if sum_in && !add {
+        return Err("SUM_IN=1 sums the addend of ADD=1; ADD=0 has none".into());
+    }
+    if outs3 && !norm_out {
+        return Err("OUTS=3 writes more normalized outputs; NORM_OUT=0 writes none".into());
+    }
+    Ok(Modes {
+        add,
+        norm_out,
+        sum_in,
+        outs3,
+    })
 }
 
 /// f64 rmsnorm scale of a row.
 fn inv_rms(v: &[f32], eps: f32) -> f64 {
     let ss: f64 = v.iter().map(|&x| x as f64 * x as f64).sum();
+    1.0 / (ss / v.len() as f64 + eps as f64).sqrt()
+}
+
+/// f64 rmsnorm scale of an f64 row.
+fn inv_rms_f64(v: &[f64], eps: f32) -> f64 {
+    let ss: f64 = v.iter().map(|&x| x * x).sum();
     1.0 / (ss / v.len() as f64 + eps as f64).sqrt()
 }
 
@@ -54,7 +84,13 @@ impl Family for RmsNorm {
         ProblemKind::Rows
     }
     fn default_defines(&self, _wtype: GgmlType) -> Defines {
-        let mut d = defines([("ADD", 0i64), ("NORM_OUT", 1), ("THREADS", 256)]);
+        let mut d = defines([
+            ("ADD", 0i64),
+            ("NORM_OUT", 1),
+            ("SUM_IN", 0),
+            ("OUTS", 1),
+            ("THREADS", 256),
+        ]);
         d.insert("OUT".into(), "F32".into());
         d
     }
@@ -108,12 +144,20 @@ impl Family for RmsNorm {
         seed: u64,
     ) -> Result<Box<dyn Workload>, GpuError> {
         let r = rows_of(p).map_err(GpuError::Rejected)?;
-        let (add, norm_out) = modes(d).map_err(GpuError::Rejected)?;
+        let m = modes(d).map_err(GpuError::Rejected)?;
+        let (add, norm_out) = (m.add, m.norm_out);
         let f = out_format(d).map_err(GpuError::Rejected)?;
         let (rows, w) = (r.rows, r.width);
         let mut rng = rng_for(
             self.name(),
-            &[rows, w, add as usize, norm_out as usize],
+            &[
+                rows,
+                w,
+                add as usize,
+                norm_out as usize,
+                m.sum_in as usize,
+                m.outs3 as usize,
+            ],
             seed,
         );
         let h = random_matrix(&mut rng, rows, w);
@@ -121,6 +165,17 @@ impl Family for RmsNorm {
         let w_add: Vec<f32> = (0..w).map(|_| rng.random_range(0.5f32..1.5)).collect();
         let w_out: Vec<f32> = (0..w).map(|_| rng.random_range(0.5f32..1.5)).collect();
         let scale = [rng.random_range(0.1f32..0.9)];
+        // SUM_IN's second row and the two weights of the sum; OUTS=3's two
+        // output weights. The second row is drawn at another scale, so a
+        // kernel that skipped either norm of the sum would be caught.
+        let y2: Vec<f32> = random_matrix(&mut rng, rows, w)
+            .into_iter()
+            .map(|v| 7.0 * v)
+            .collect();
+        let w_y: Vec<f32> = (0..w).map(|_| rng.random_range(0.5f32..1.5)).collect();
+        let w_y2: Vec<f32> = (0..w).map(|_| rng.random_range(0.5f32..1.5)).collect();
+        let w_out2: Vec<f32> = (0..w).map(|_| rng.random_range(0.5f32..1.5)).collect();
+        let w_out3: Vec<f32> = (0..w).map(|_| rng.random_range(-1.5f32..1.5)).collect();
         // Every other seed checks the weightless norm.
         let weighted = seed % 2 == 0 || !norm_out;
 
@@ -128,14 +183,28 @@ impl Family for RmsNorm {
         let mut h_ref = vec![0f64; rows * w];
         let mut o_ref = vec![0f64; rows * w];
         let mut o_f32 = vec![0f32; rows * w];
+        let mut o2_ref = vec![0f64; rows * w];
+        let mut o3_ref = vec![0f64; rows * w];
         for i in 0..rows {
             let hr = &h[i * w..(i + 1) * w];
             let mut hn: Vec<f64> = hr.iter().map(|&x| x as f64).collect();
             if add {
                 let yr = &y[i * w..(i + 1) * w];
-                let s = inv_rms(yr, EPS);
+                // The addend: y, or the sum of the two normalized rows.
+                let addend: Vec<f64> = if m.sum_in {
+                    let y2r = &y2[i * w..(i + 1) * w];
+                    let (s1, s2) = (inv_rms(yr, EPS), inv_rms(y2r, EPS));
+                    (0..w)
+                        .map(|c| {
+                            yr[c] as f64 * s1 * w_y[c] as f64 + y2r[c] as f64 * s2 * w_y2[c] as f64
+                        })
+                        .collect()
+                } else {
+                    yr.iter().map(|&x| x as f64).collect()
+                };
+                let s = inv_rms_f64(&addend, EPS);
                 for c in 0..w {
-                    hn[c] = (hn[c] + yr[c] as f64 * s * w_add[c] as f64) * scale[0] as f64;
+                    hn[c] = (hn[c] + addend[c] * s * w_add[c] as f64) * scale[0] as f64;
                 }
             }
             h_ref[i * w..(i + 1) * w].copy_from_slice(&hn);
@@ -145,6 +214,8 @@ impl Family for RmsNorm {
                 let g = if weighted { w_out[c] as f64 } else { 1.0 };
                 o_ref[i * w + c] = hn[c] * s * g;
                 o_f32[i * w + c] = (hn[c] * s * g) as f32;
+                o2_ref[i * w + c] = hn[c] * s * w_out2[c] as f64;
+                o3_ref[i * w + c] = hn[c] * s * w_out3[c] as f64;
             }
         }
         let mut reference = Vec::new();
@@ -157,6 +228,12 @@ impl Family for RmsNorm {
             reference.extend_from_slice(&o_ref);
             replay.extend(to_f64(&act_replay(f, &o_f32)));
         }
+        if m.outs3 {
+            for o in [&o2_ref, &o3_ref] {
+                reference.extend_from_slice(o);
+                replay.extend_from_slice(o);
+            }
+        }
 
         let h_buf = gpu.upload(&h)?;
         let y_buf = gpu.upload(&y)?;
@@ -165,16 +242,33 @@ impl Family for RmsNorm {
         let sc = gpu.upload(&scale)?;
         let out = gpu.alloc(f.bytes(rows, w).max(4))?;
         let out_s = gpu.alloc(f.scale_bytes(rows, w).max(8))?;
+        let y2_buf = gpu.upload(&y2)?;
+        let wy = gpu.upload(&w_y)?;
+        let wy2 = gpu.upload(&w_y2)?;
+        let out2 = gpu.alloc(4 * rows * w)?;
+        let wo2 = gpu.upload(&w_out2)?;
+        let out3 = gpu.alloc(4 * rows * w)?;
+        let wo3 = gpu.upload(&w_out3)?;
+        let on = |b: bool, p: DevPtr| if b { p } else { NULL };
         let a = RmsNormArgs {
             h: h_buf.ptr(),
-            y: if add { y_buf.ptr() } else { NULL },
-            w_add: if add { wa.ptr() } else { NULL },
-            scale: if add { sc.ptr() } else { NULL },
-            w_out: if weighted { wo.ptr() } else { NULL },
+            y: on(add, y_buf.ptr()),
+            w_add: on(add, wa.ptr()),
+            scale: on(add, sc.ptr()),
+            w_out: on(weighted, wo.ptr()),
             out: Act {
                 format: f,
                 data: out.ptr(),
                 scales: out_s.ptr(),
+            },
+            moe: RmsNormMoe {
+                y2: on(m.sum_in, y2_buf.ptr()),
+                w_y: on(m.sum_in, wy.ptr()),
+                w_y2: on(m.sum_in, wy2.ptr()),
+                out2: on(m.outs3, out2.ptr()),
+                w_out2: on(m.outs3, wo2.ptr()),
+                out3: on(m.outs3, out3.ptr()),
+                w_out3: on(m.outs3, wo3.ptr()),
             },
             rows,
             width: w,
@@ -195,15 +289,22 @@ impl Family for RmsNorm {
                 },
             ));
         }
+        if m.outs3 {
+            // Buffer indices of out2 and out3 in `bufs` below.
+            outputs.push((10, OutRead::F32));
+            outputs.push((12, OutRead::F32));
+        }
         let n = (rows * w) as u64;
-        let bytes = 4 * n * (1 + add as u64 * 2)
+        let bytes = 4 * n * (1 + add as u64 * 2 + m.sum_in as u64 + 2 * m.outs3 as u64)
             + if norm_out {
                 (f.bytes(rows, w) + f.scale_bytes(rows, w)) as u64
             } else {
                 0
             };
         Ok(Box::new(RowsWorkload {
-            bufs: vec![h_buf, y_buf, wa, wo, sc, out, out_s],
+            bufs: vec![
+                h_buf, y_buf, wa, wo, sc, out, out_s, y2_buf, wy, wy2, out2, wo2, out3, wo3,
+            ],
             outputs,
             restore: if add {
                 vec![(0, gpu.upload(&h)?)]
@@ -218,7 +319,7 @@ impl Family for RmsNorm {
             copies: Vec::new(),
             reference: Box::new(move || (reference.clone(), Some(replay.clone()))),
             bytes,
-            ops: 6 * n,
+            ops: 6 * n * (1 + m.sum_in as u64 + m.outs3 as u64),
         }))
     }
 }
