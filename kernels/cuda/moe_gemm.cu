@@ -55,6 +55,17 @@
 // thread's MMA k slots (2t, 2t+1, 2t+8, 2t+9) hold k 4t..4t+3 of each k16
 // step in both operands, which changes only the summation order. Every
 // row's result is independent of its position in the tile.
+// SMEM_DQ >= 1: after each stage lands, a conversion pass over all threads
+// dequantizes the stage's BN x BK weights once into a shared DQ_TYPE tile
+// (SMEM_DQ 2: and rounds the BM x BK f32 activations into a second one),
+// stored in the same slot order (per k16 step, word t holds k 4t, 4t+1 and
+// word 4 + t k 4t+2, 4t+3), after a barrier the MMAs read fragments by
+// ldmatrix; the operand values and per-thread k order are the register
+// path's, so results match it up to nothing (same products, same sums).
+// SMEM_DQ 3: both tiles, double-buffered: stage kt + 1 is converted right
+// after the MMAs of stage kt in the same barrier interval (one barrier per
+// k step, the conversion overlapping other warps' MMAs); a converted
+// stage's ring slot is reloaded at once, so STAGES loads are in flight.
 // Contract: GROUP and COMBINE bit-exact; GATE_UP and DOWN approx against
 // the f64 oracle (operand rounding to DQ_TYPE), tight against the CPU
 // replay on rounded operands (fp32 summation only).
@@ -62,10 +73,12 @@
 // Grid: GROUP (1, 1), 1024 threads. GATE_UP (ceil(ffn / (BN/2)), T),
 // DOWN (ceil(d / BN), T), T = ceil(M*K / BM) + E (blocks whose tile is
 // (-1, 0) exit), WARPS_M * WARPS_N * 32 threads, dynamic shared memory
-// STAGES * (BM * (4*BK + 64) + BN * PAD16(BKW) + BN * SCB) with BKW the
-// quant bytes of BK weights (BK, BK/2 or 2*BK) and SCB the scale / side
-// bytes of a row per stage (Q8_0 / Q4_0 4 * max(BK/64, 1), the k-quants
-// one side record, F16 / BF16 0), rounded up to 16. COMBINE
+// STAGES * (BM * (4*BK + 64) + BN * PAD16(BKW) + PAD(BN * SCB)) + CONV with
+// BKW the quant bytes of BK weights (BK, BK/2 or 2*BK), SCB the scale /
+// side bytes of a row per stage (Q8_0 / Q4_0 4 * max(BK/64, 1), the
+// k-quants one side record, F16 / BF16 0), PAD rounding up to 16, and CONV
+// the converted tiles: 0 (SMEM_DQ 0), BN * PAD16(2*BK) (1),
+// (BM + BN) * PAD16(2*BK) (2) or twice that (3). COMBINE
 // (ceil(d / 1024), M), 256 threads, 4 outputs per thread.
 // Sizes: K % 32 == 0 for every weight (k = d for GATE_UP, ffn for DOWN),
 // % 64 for Q8_0 / Q4_0 (two f16 scales per 4-byte copy), % 256 for the
@@ -82,6 +95,11 @@
 //   WARPS_M   warps along rows
 //   WARPS_N   warps along weight rows
 //   STAGES    cp.async pipeline depth: 2..4
+//   SMEM_DQ   where the GEMM operands become DQ_TYPE (GROUP, COMBINE: unused):
+//             0 in registers by every warp that reads them; 1 the weight
+//             tile once per stage into a shared tile read by ldmatrix;
+//             2 the activation tile too; 3 as 2 with two sets of tiles
+//             (conversion of the next stage overlapping the MMAs)
 
 #ifndef STAGE
 #error "moe_gemm.cu needs STAGE"
@@ -112,6 +130,9 @@
 #endif
 #ifndef STAGES
 #error "moe_gemm.cu needs STAGES"
+#endif
+#ifndef SMEM_DQ
+#error "moe_gemm.cu needs SMEM_DQ"
 #endif
 
 #define GROUP 1
@@ -144,6 +165,11 @@
 #if BM % (16 * WARPS_M) != 0 || BN % (8 * WARPS_N) != 0
 #error "moe_gemm.cu: the tile does not divide the warp layout"
 #endif
+#if SMEM_DQ < 0 || SMEM_DQ > 3
+#error "moe_gemm.cu: SMEM_DQ must be 0, 1, 2 or 3"
+#endif
+// Both converted tiles (SMEM_DQ 2 and 3).
+#define A_SH (SMEM_DQ >= 2)
 #if STAGE == GATE_UP && BN % (16 * WARPS_N) != 0
 #error "moe_gemm.cu: GATE_UP needs BN a multiple of 16*WARPS_N (gate and up halves per warp)"
 #endif
@@ -323,6 +349,28 @@ moe_gemm_combine(const float* __restrict__ yp, const int* __restrict__ ids, cons
 #endif
 #define S_BYTES (((BN * SCB) + 15) / 16 * 16)
 #define STAGE_BYTES (A_BYTES + B_BYTES + S_BYTES)
+
+// SMEM_DQ >= 1: the operand tiles of the current stage in DQ_TYPE, after
+// the ring, pitch PAD16(2*BK) bytes (ldmatrix rows of one phase fall in
+// distinct 16-byte bank groups), k in slot order: inside each k16 step,
+// word t (t < 4) holds k 4t, 4t+1 and word 4 + t holds k 4t+2, 4t+3, so an
+// ldmatrix fragment carries the same k as the register path's.
+#define SH PAD16(2 * BK)
+#if SMEM_DQ >= 1
+#define BH_BYTES (BN * SH)
+#else
+#define BH_BYTES 0
+#endif
+#if A_SH
+#define AH_BYTES (BM * SH)
+#else
+#define AH_BYTES 0
+#endif
+// SMEM_DQ 3 keeps two sets of converted tiles (stage kt's read by the
+// MMAs while stage kt + 1's are written).
+#define CONV_BYTES (AH_BYTES + BH_BYTES)
+#define CONV_SETS (SMEM_DQ == 3 ? 2 : 1)
+#define SMEM_BYTES (STAGES * STAGE_BYTES + CONV_SETS * CONV_BYTES)
 
 #define PA ((BM * CA + THREADS - 1) / THREADS)
 #define PB ((BN * CB + THREADS - 1) / THREADS)
@@ -553,6 +601,115 @@ DEVI void compute_steps(const u8* sm, int wm, int wn, int kt, float (&acc)[MI][N
     }
 }
 
+#if SMEM_DQ >= 1
+// The conversion pass of stage kt (ring slot at `sm`): every staged weight
+// row's k16 steps dequantized once into the B tile at `bh` (one unit = one
+// row's k16 step, eight words in slot order); SMEM_DQ >= 2 also rounds the f32
+// activation rows into the A tile at `ah` (one unit = 4 consecutive k of a
+// row: a 16-byte read, two 4-byte writes; a quarter-warp's reads and a
+// warp's writes touch distinct banks).
+DEVI void convert_stage(const u8* sm, u8* ah, u8* bh, int kt) {
+    const int tid = threadIdx.x;
+#define BUNITS (BN * (BK / 16))
+#pragma unroll
+    for (int it = 0; it < (BUNITS + THREADS - 1) / THREADS; ++it) {
+        const int u = tid + it * THREADS;
+        if (BUNITS % THREADS == 0 || u < BUNITS) {
+            const int n = u / (BK / 16), ks = u % (BK / 16);
+            const u8* q = sm + A_BYTES + n * SB;
+            const u8* sc = sm + A_BYTES + B_BYTES + n * SCB;
+            u32 w[8];
+#if WTYPE == Q8_0
+            const int gi = ks / 2;
+            const u32 sw = reinterpret_cast<const u32*>(sc)[KB >= 2 ? gi / 2 : 0];
+            const int half = KB >= 2 ? (gi & 1) : (kt & 1);
+            const float dsc = h2f((u16)(half ? sw >> 16 : sw & 0xffffu));
+            const uint4 v = *reinterpret_cast<const uint4*>(q + ks * 16);
+            dq4(v.x ^ 0x80808080u, dsc, 0x64806480u, 8388736.0f, w[0], w[4]);
+            dq4(v.y ^ 0x80808080u, dsc, 0x64806480u, 8388736.0f, w[1], w[5]);
+            dq4(v.z ^ 0x80808080u, dsc, 0x64806480u, 8388736.0f, w[2], w[6]);
+            dq4(v.w ^ 0x80808080u, dsc, 0x64806480u, 8388736.0f, w[3], w[7]);
+#else
+#pragma unroll
+            for (int t = 0; t < 4; ++t) dq_b(q, sc, kt, ks, t, w[t], w[4 + t]);
+#endif
+            uint4* dst = reinterpret_cast<uint4*>(bh + n * SH + ks * 32);
+            dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        }
+    }
+#undef BUNITS
+#if A_SH
+#define AUNITS (BM * CA)
+#pragma unroll
+    for (int it = 0; it < (AUNITS + THREADS - 1) / THREADS; ++it) {
+        const int u = tid + it * THREADS;
+        if (AUNITS % THREADS == 0 || u < AUNITS) {
+            const int r = u / CA, c = u % CA;
+            const float4 v = *reinterpret_cast<const float4*>(sm + r * SA + c * 16);
+            u8* row = ah + r * SH + (c / 4) * 32 + (c % 4) * 4;
+            *reinterpret_cast<u32*>(row) = dq_pack(v.x, v.y);
+            *reinterpret_cast<u32*>(row + 16) = dq_pack(v.z, v.w);
+        }
+    }
+#undef AUNITS
+#else
+    (void)ah;
+#endif
+}
+
+// k16 steps [0, BK/16) from the converted tiles: B fragments (and A's,
+// SMEM_DQ >= 2) by ldmatrix; SMEM_DQ 1 reads A as f32 from the ring slot
+// `sm` and rounds it in registers.
+DEVI void compute_steps_sh(const u8* sm, u32 ah, u32 bh, int wm, int wn, float (&acc)[MI][NJ][4]) {
+    const int lane = threadIdx.x % 32;
+#if A_SH
+    (void)sm;
+    // ldmatrix x4: lanes 0-15 address rows 0-15 at slot 0, lanes 16-31
+    // rows 0-15 at slot 8 -> a0..a3.
+    const u32 a_base = ah + (wm * WM + lane % 16) * SH + (lane / 16) * 16;
+#else
+    (void)ah;
+    const int g = lane / 4, t = lane % 4;
+#endif
+    // ldmatrix x4 over two 8-row column blocks: lanes 0-7 rows 0-7 slot 0,
+    // 8-15 rows 0-7 slot 8, 16-23 rows 8-15 slot 0, 24-31 rows 8-15 slot 8.
+    const u32 b_base = bh + (wn * WN + (lane / 16) * 8 + lane % 8) * SH + ((lane / 8) % 2) * 16;
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+        u32 a[MI][4];
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#if A_SH
+            ldmatrix_x4(a_base + i * 16 * SH + ks * 32, a[i][0], a[i][1], a[i][2], a[i][3]);
+#else
+            const u8* ar = sm + (wm * WM + i * 16 + g) * SA + ks * 64 + t * 16;
+            const float4 lo = *reinterpret_cast<const float4*>(ar);
+            const float4 hi = *reinterpret_cast<const float4*>(ar + 8 * SA);
+            a[i][0] = dq_pack(lo.x, lo.y);
+            a[i][1] = dq_pack(hi.x, hi.y);
+            a[i][2] = dq_pack(lo.z, lo.w);
+            a[i][3] = dq_pack(hi.z, hi.w);
+#endif
+        }
+        u32 b[NJ][2];
+#pragma unroll
+        for (int j = 0; j + 1 < NJ; j += 2)
+            ldmatrix_x4(b_base + j * 8 * SH + ks * 32, b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
+        if (NJ % 2 == 1) {
+            // The last block alone: lanes 0-15's addresses (rows 0-7, both
+            // slot halves) are the x4 form's.
+            const u32 addr = bh + (wn * WN + (NJ - 1) * 8 + lane % 8) * SH + ((lane / 8) % 2) * 16 + ks * 32;
+            ldmatrix_x2(addr, b[NJ - 1][0], b[NJ - 1][1]);
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int i = 0; i < MI; ++i) mma_tile(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+}
+#endif
+
 // The GEMM of one tile: act is x [M][d] (GATE_UP) or h [M*K][ffn] (DOWN),
 // K its row length; out is h (GATE_UP) or yp (DOWN).
 DEVI void gemm_body(const u8* __restrict__ wq, const u8* __restrict__ wd, const float* __restrict__ act,
@@ -611,19 +768,62 @@ DEVI void gemm_body(const u8* __restrict__ wq, const u8* __restrict__ wd, const 
         if (s < KT) load_stage(L, s0 + s * STAGE_BYTES, act, wq, wd, s, K);
         cp_async_commit();
     }
+#if SMEM_DQ == 3
+    // Stage j is converted in k step j - 1 (stage 0 here) into set j % 2;
+    // its ring slot is free once the next barrier is passed, so the ring
+    // holds STAGES loads in flight. Per k step kt, one barrier: stage kt's
+    // tiles (written before it) are complete and every warp is done with
+    // set (kt + 1) % 2 and with ring slot kt % STAGES; then the load of
+    // stage kt + STAGES into that slot, the MMAs of stage kt and the
+    // conversion of stage kt + 1 (cp.async groups: one per stage).
+    u8* const conv = smem + STAGES * STAGE_BYTES;
+    const u32 conv_s = s0 + STAGES * STAGE_BYTES;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    convert_stage(smem, conv, conv + AH_BYTES, 0);
+    if (STAGES - 1 < KT) load_stage(L, s0 + (STAGES - 1) * STAGE_BYTES, act, wq, wd, STAGES - 1, K);
+    cp_async_commit();
+    int cs = 1 % STAGES;  // ring slot of stage kt + 1
+    int ws = 0;           // ring slot of stage kt (reloaded with kt + STAGES)
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (kt + STAGES < KT) load_stage(L, s0 + ws * STAGE_BYTES, act, wq, wd, kt + STAGES, K);
+        cp_async_commit();
+        const int set = kt & 1;
+        compute_steps_sh(smem, conv_s + set * CONV_BYTES, conv_s + set * CONV_BYTES + AH_BYTES, wm, wn, acc);
+        if (kt + 1 < KT) {
+            u8* const nxt = conv + (set ^ 1) * CONV_BYTES;
+            convert_stage(smem + cs * STAGE_BYTES, nxt, nxt + AH_BYTES, kt + 1);
+        }
+        cs = cs == STAGES - 1 ? 0 : cs + 1;
+        ws = ws == STAGES - 1 ? 0 : ws + 1;
+    }
+#else
     int rs = 0, ws = STAGES - 1;
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         const u8* sm = smem + rs * STAGE_BYTES;
-        compute_steps<0, 1>(sm, wm, wn, kt, acc);
         const int nk = kt + STAGES - 1;
+#if SMEM_DQ >= 1
+        // The converted tiles are rewritten only after every warp passed
+        // the barrier above (done with stage kt - 1), read after the next.
+        convert_stage(sm, smem + STAGES * STAGE_BYTES, smem + STAGES * STAGE_BYTES + AH_BYTES, kt);
+        if (nk < KT) load_stage(L, s0 + ws * STAGE_BYTES, act, wq, wd, nk, K);
+        cp_async_commit();
+        __syncthreads();
+        compute_steps_sh(sm, s0 + STAGES * STAGE_BYTES, s0 + STAGES * STAGE_BYTES + AH_BYTES, wm, wn, acc);
+#else
+        compute_steps<0, 1>(sm, wm, wn, kt, acc);
         if (nk < KT) load_stage(L, s0 + ws * STAGE_BYTES, act, wq, wd, nk, K);
         cp_async_commit();
         compute_steps<1, BK / 16>(sm, wm, wn, kt, acc);
+#endif
         rs = rs == STAGES - 1 ? 0 : rs + 1;
         ws = ws == STAGES - 1 ? 0 : ws + 1;
     }
+#endif
     cp_async_wait<0>();
     // Epilogue: a thread holds rows g, g + 8 of each 16-row block and
     // columns 2t, 2t + 1 of each 8-column block.
@@ -672,13 +872,13 @@ DEVI void gemm_body(const u8* __restrict__ wq, const u8* __restrict__ wd, const 
 #define ACC_REGS (MI * NJ * 4 + DQ_EXTRA_REGS)
 
 #if STAGE == GATE_UP
-extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, ACC_REGS))
+extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, SMEM_BYTES, ACC_REGS))
 moe_gemm_gate_up(const u8* wq, const u8* wd, const float* x, const int* sorted, const int2* tiles,
                  const int* offsets, float* h, int d, int ffn, int n_used) {
     gemm_body(wq, wd, x, sorted, tiles, offsets, h, d, ffn, n_used);
 }
 #else
-extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, ACC_REGS))
+extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, SMEM_BYTES, ACC_REGS))
 moe_gemm_down(const u8* wq, const u8* wd, const float* h, const int* sorted, const int2* tiles,
               const int* offsets, float* yp, int d, int ffn) {
     gemm_body(wq, wd, h, sorted, tiles, offsets, yp, d, ffn, 1);

@@ -428,6 +428,28 @@ fn moe_gemm_variants_pass() {
                     ("WARPS_N", i(2)),
                     ("STAGES", i(2)),
                 ],
+                // The shared-tile operand paths (SMEM_DQ): weight tile
+                // only, both tiles, bf16, a k step of 32 (one scale word
+                // per stage), odd 8-column blocks per warp (ldmatrix x2,
+                // DOWN only), 64-row warp tiles, the double-buffered
+                // tiles at 2 and 3 stages and the 16-warp 128 x 256 tile.
+                vec![("SMEM_DQ", i(1))],
+                vec![("SMEM_DQ", i(2))],
+                vec![("SMEM_DQ", i(2)), ("DQ_TYPE", s("BF16"))],
+                vec![("SMEM_DQ", i(2)), ("BK", i(32)), ("STAGES", i(4))],
+                vec![("SMEM_DQ", i(2)), ("BN", i(96)), ("WARPS_N", i(4))],
+                vec![("SMEM_DQ", i(2)), ("BM", i(64)), ("WARPS_M", i(1))],
+                vec![("SMEM_DQ", i(3)), ("BK", i(32)), ("STAGES", i(4))],
+                vec![("SMEM_DQ", i(3)), ("STAGES", i(2))],
+                vec![
+                    ("SMEM_DQ", i(3)),
+                    ("BM", i(128)),
+                    ("BN", i(256)),
+                    ("WARPS_M", i(4)),
+                    ("WARPS_N", i(4)),
+                    ("BK", i(32)),
+                    ("STAGES", i(3)),
+                ],
             ] {
                 let mut over = over.clone();
                 over.push(("STAGE", s(stage)));

@@ -92,6 +92,10 @@ pub struct GemmTiles {
     pub warps_m: usize,
     pub warps_n: usize,
     pub stages: usize,
+    /// SMEM_DQ: 0 operands converted in registers per warp; 1 the weight
+    /// tile dequantized once per stage into shared memory (ldmatrix); 2 the
+    /// activation tile rounded there too; 3 as 2, double-buffered.
+    pub smem_dq: usize,
 }
 
 impl GemmTiles {
@@ -113,8 +117,27 @@ impl GemmTiles {
             _ => crate::quant::repack::gemv_side_bytes(wt.ggml()),
         };
         let s = (self.bn * scb).div_ceil(16) * 16;
-        self.stages * (a + b + s)
+        // The converted DQ_TYPE tiles after the ring (SMEM_DQ >= 1).
+        let sh = super::tiles::pad16(2 * self.bk);
+        let conv = match self.smem_dq {
+            0 => 0,
+            1 => self.bn * sh,
+            2 => (self.bm + self.bn) * sh,
+            _ => 2 * (self.bm + self.bn) * sh,
+        };
+        self.stages * (a + b + s) + conv
     }
+}
+
+/// SMEM_DQ: where the GEMM stages convert their operands to DQ_TYPE.
+fn read_smem_dq(d: &Defines) -> Result<usize, String> {
+    int_in(d, "SMEM_DQ", &[0, 1, 2, 3])
+        .map(|v| v as usize)
+        .map_err(|e| {
+            format!(
+                "{e}: 0 (registers), 1 (weight tile in shared memory), 2 (both operand tiles) or 3 (both, double-buffered)"
+            )
+        })
 }
 
 /// Reads and checks the tile defines (a GEMM stage's), with reasons.
@@ -126,6 +149,7 @@ pub fn read_tiles(d: &Defines, stage: Stage) -> Result<GemmTiles, String> {
         warps_m: int_in(d, "WARPS_M", &[1, 2, 4, 8])? as usize,
         warps_n: int_in(d, "WARPS_N", &[1, 2, 4, 8])? as usize,
         stages: int_range(d, "STAGES", 2, 4)? as usize,
+        smem_dq: read_smem_dq(d)?,
     };
     if t.threads() > 1024 {
         return Err(format!(
@@ -170,13 +194,22 @@ pub fn read_tiles(d: &Defines, stage: Stage) -> Result<GemmTiles, String> {
 }
 
 /// Q5_K / Q6_K's decode beside 64-row warp tiles spills under the
-/// 255-register limit.
+/// 255-register limit; Q6_K's beside 64 accumulators under the 128 of a
+/// block above 256 threads.
 fn check_ktype_tiles(t: &GemmTiles, wt: WType) -> Result<(), String> {
     if matches!(wt, WType::Q5K | WType::Q6K) && t.bm / t.warps_m >= 64 {
         return Err(format!(
             "{} with 64-row warp tiles (BM / WARPS_M = {}) spills: use WARPS_M >= BM / 32",
             wt.define(),
             t.bm / t.warps_m
+        ));
+    }
+    // Above 256 threads a block gets at most 128 registers per thread.
+    let acc = (t.bm / t.warps_m / 16) * (t.bn / t.warps_n / 8) * 4;
+    if wt == WType::Q6K && t.threads() > 256 && acc >= 64 {
+        return Err(format!(
+            "Q6_K with {} threads and {acc} accumulators per thread spills under the 128-register cap: use <= 256 threads or smaller warp tiles",
+            t.threads()
         ));
     }
     Ok(())
@@ -285,6 +318,7 @@ impl Family for MoeGemm {
             ("WARPS_M", 2),
             ("WARPS_N", 4),
             ("STAGES", 3),
+            ("SMEM_DQ", 0),
         ]);
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
@@ -1172,6 +1206,38 @@ mod tests {
             .validate(&k4, &prob(512, 128, 8, 2816, 704, GgmlType::Q4K), &lim)
             .expect("q4k");
         assert_eq!(g.dyn_smem, 3 * (64 * 320 + 128 * 48 + 128 * 16));
+        // SMEM_DQ: the converted tiles after the ring, pitch PAD16(2*BK).
+        let ring = 3 * (64 * 320 + 128 * 80 + 128 * 4);
+        let g = f
+            .validate(&with(&d, &[("SMEM_DQ", 1i64.into())]), &p, &lim)
+            .expect("sdq1");
+        assert_eq!(g.dyn_smem, ring + 128 * 144);
+        let g = f
+            .validate(&with(&d, &[("SMEM_DQ", 2i64.into())]), &p, &lim)
+            .expect("sdq2");
+        assert_eq!(g.dyn_smem, ring + (64 + 128) * 144);
+        let g = f
+            .validate(
+                &with(
+                    &d,
+                    &[
+                        ("SMEM_DQ", 2i64.into()),
+                        ("BK", 32i64.into()),
+                        ("STAGES", 4i64.into()),
+                    ],
+                ),
+                &p,
+                &lim,
+            )
+            .expect("sdq2 bk32");
+        assert_eq!(
+            g.dyn_smem,
+            4 * (64 * 192 + 128 * 48 + 128 * 4) + (64 + 128) * 80
+        );
+        let g = f
+            .validate(&with(&d, &[("SMEM_DQ", 3i64.into())]), &p, &lim)
+            .expect("sdq3");
+        assert_eq!(g.dyn_smem, ring + 2 * (64 + 128) * 144);
     }
 
     #[test]
@@ -1224,6 +1290,12 @@ mod tests {
         bad(&with(&d, &[("DQ_TYPE", "F32".into())]), p, "DQ_TYPE=F32");
         bad(&with(&d, &[("BK", 16i64.into())]), p, "BK");
         bad(&with(&d, &[("STAGES", 1i64.into())]), p, "STAGES");
+        bad(&with(&d, &[("SMEM_DQ", 4i64.into())]), p, "SMEM_DQ=4");
+        bad(
+            &with(&d, &[("SMEM_DQ", "ON".into())]),
+            p,
+            "SMEM_DQ=ON must be an integer",
+        );
         bad(&with(&d, &[("BM", 48i64.into())]), p, "16*WARPS_M");
         bad(&with(&d, &[("BN", 96i64.into())]), p, "gate and an up half");
         // DOWN takes BN in 8-column units per warp.
@@ -1248,6 +1320,20 @@ mod tests {
             &with(&k6, &[("WARPS_M", 1i64.into())]),
             prob(8, 8, 2, 512, 256, GgmlType::Q6K),
             "64-row warp tiles",
+        );
+        bad(
+            &with(
+                &k6,
+                &[
+                    ("BM", 128i64.into()),
+                    ("BN", 256i64.into()),
+                    ("WARPS_M", 4i64.into()),
+                    ("WARPS_N", 4i64.into()),
+                    ("BK", 32i64.into()),
+                ],
+            ),
+            prob(8, 8, 2, 512, 256, GgmlType::Q6K),
+            "128-register cap",
         );
         bad(&with(&d, &[("WTYPE", "Q4_0".into())]), p, "does not match");
         bad(
