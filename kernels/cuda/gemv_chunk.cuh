@@ -242,6 +242,15 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     return ch.d * s[0] + ch.d2 * s[1];
 }
 #else
+// Byte b of w as a float minus `off`, without I2F: PRMT builds 0x4B0000bb
+// = 2^23 + byte and one FADD removes 2^23 + off, exactly. I2F runs at a
+// quarter of FADD's rate, and at HBM speed a decode GEMV converts about a
+// value per byte read, so the conversion, not the stream, bound the FMA
+// path; the values (and so every sum) are the same as (float) casts give.
+DEVI float byte_f(u32 w, int b, float off) {
+    return __int_as_float((int)__byte_perm(w, 0x4B000000u, 0x7440u | (u32)b)) - (8388608.0f + off);
+}
+
 // sum_i w_i * x_i over the chunk, x at element offset e of one token row.
 DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
     float s = 0.f;
@@ -249,26 +258,28 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
 #pragma unroll
     for (int i = 0; i < CWORDS; ++i) {
         const float4 xv = XLD4(xr + XPOS(e) + 4 * i);
-        const u32 w = ch.w[i];
-        s = fmaf((float)(i8)(w & 0xff), xv.x, s);
-        s = fmaf((float)(i8)((w >> 8) & 0xff), xv.y, s);
-        s = fmaf((float)(i8)((w >> 16) & 0xff), xv.z, s);
-        s = fmaf((float)(i8)(w >> 24), xv.w, s);
+        // Each int8 q as the unsigned byte q + 128 (the sign bit flipped).
+        const u32 w = ch.w[i] ^ 0x80808080u;
+        s = fmaf(byte_f(w, 0, 128.0f), xv.x, s);
+        s = fmaf(byte_f(w, 1, 128.0f), xv.y, s);
+        s = fmaf(byte_f(w, 2, 128.0f), xv.z, s);
+        s = fmaf(byte_f(w, 3, 128.0f), xv.w, s);
     }
 #else
 #pragma unroll
     for (int i = 0; i < CWORDS; ++i) {
         const float4 xl = XLD4(xr + XPOS(e) + 4 * i);
         const float4 xh = XLD4(xr + XPOS(e) + 16 + 4 * i);
-        const u32 w = ch.w[i];
-        s = fmaf((float)((int)(w & 0xf) - 8), xl.x, s);
-        s = fmaf((float)((int)((w >> 8) & 0xf) - 8), xl.y, s);
-        s = fmaf((float)((int)((w >> 16) & 0xf) - 8), xl.z, s);
-        s = fmaf((float)((int)((w >> 24) & 0xf) - 8), xl.w, s);
-        s = fmaf((float)((int)((w >> 4) & 0xf) - 8), xh.x, s);
-        s = fmaf((float)((int)((w >> 12) & 0xf) - 8), xh.y, s);
-        s = fmaf((float)((int)((w >> 20) & 0xf) - 8), xh.z, s);
-        s = fmaf((float)((int)((w >> 28) & 0xf) - 8), xh.w, s);
+        // Byte j of the word holds element j (low nibble) and j + 16 (high).
+        const u32 lo = ch.w[i] & 0x0F0F0F0Fu, hi = (ch.w[i] >> 4) & 0x0F0F0F0Fu;
+        s = fmaf(byte_f(lo, 0, 8.0f), xl.x, s);
+        s = fmaf(byte_f(lo, 1, 8.0f), xl.y, s);
+        s = fmaf(byte_f(lo, 2, 8.0f), xl.z, s);
+        s = fmaf(byte_f(lo, 3, 8.0f), xl.w, s);
+        s = fmaf(byte_f(hi, 0, 8.0f), xh.x, s);
+        s = fmaf(byte_f(hi, 1, 8.0f), xh.y, s);
+        s = fmaf(byte_f(hi, 2, 8.0f), xh.z, s);
+        s = fmaf(byte_f(hi, 3, 8.0f), xh.w, s);
     }
 #endif
     return ch.d * s;
