@@ -48,9 +48,10 @@ use super::weights::{GpuMatrix, Layouts};
 use crate::engine::EngineError;
 
 impl CudaEngine<'_> {
-    /// The expert block of MoE layer `l` after its shared MLP wrote `y`:
-    /// leaves `f1 + f2` in `MoeBuffers::sum` for `layer_end`. Does nothing
-    /// on a dense layer.
+    /// The expert block of MoE layer `l` (its inputs `z` and `a2` written
+    /// by the attention residual): routes the rows and leaves the experts'
+    /// weighted sum in `MoeBuffers::e`, which `layer_end` sums with the
+    /// shared MLP's `y`. Does nothing on a dense layer.
     pub(super) fn moe_block(
         &self,
         k: &[Kernel],
