@@ -323,6 +323,40 @@ mod tests {
         (plan, dims, cfg)
     }
 
+    /// The grouped GEMMs' DOWN stage has its own slot: main lays its warps
+    /// out apart (one warp row) on the same row tile; a profile giving it
+    /// another BM is refused at plan time, since the pairs are cut into
+    /// tiles once.
+    #[test]
+    fn the_grouped_down_stage_keeps_the_row_tile() {
+        let (plan, _, _) = moe_plan("main", SynthVariant::B26A4b, WeightType::Q8_0, 512);
+        let b = plan.bucket(512).expect("a prefill bucket");
+        let Some(MoeExperts::Grouped(g)) = b.layers[0].moe.as_ref().map(|m| &m.experts) else {
+            panic!("26B-A4B at 512 rows runs the grouped GEMMs");
+        };
+        let d = |id: LaunchId, k: &str| plan.launches[id].res.defines.get(k).cloned();
+        assert_eq!(d(g.down, "WARPS_M"), Some(DefineValue::Int(1)));
+        assert_eq!(d(g.gate_up, "WARPS_M"), Some(DefineValue::Int(2)));
+        assert_eq!(d(g.down, "BM"), d(g.gate_up, "BM"));
+        let bad = Profile::parse(
+            "test:bad-down",
+            "name = \"bad-down\"\nbase = \"main\"\ndescription = \"x\"\n\n[slot.\"moe_gemm.down\"]\nfamily = \"moe_gemm\"\ndefines = { LAYOUT = 1, DQ_TYPE = \"F16\", BM = 128, BN = 128, BK = 64, WARPS_M = 2, WARPS_N = 4, STAGES = 3 }\n",
+        )
+        .expect("the profile parses");
+        let planner = Planner::new(bad, None, DeviceLimits::for_arch(Arch(90)));
+        let cfg = synth::preset(SynthVariant::B26A4b);
+        let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
+        let sizing = Sizing {
+            max_seq: 4096,
+            ubatch: 512,
+            kv_type: KvType::F16,
+        };
+        let Err(e) = ForwardPlan::resolve(&planner, &cfg, &dims, sizing) else {
+            panic!("a down stage on BM 128 beside BM 64 was planned");
+        };
+        assert!(e.to_string().contains("row tile BM"), "{e}");
+    }
+
     /// A MoE slot may name an entry per weight type (`slot@WTYPE`, the
     /// expert stacks' type): main serves Q4_K gate|up stacks with its own
     /// row count and Q8_0 ones with the group's entry.

@@ -89,11 +89,15 @@ pub enum Slot {
     /// gate|up, down, weighted sum); a profile serving it with `moe_gemv`
     /// runs the chunk as groups of 8 rows on the two slots above.
     MoeGemm,
+    /// The grouped GEMMs' DOWN stage, when its tile's warps are laid out
+    /// apart from the other stages' (the row tile BM must match: GROUP's
+    /// tile table is cut to it).
+    MoeGemmDown,
 }
 
 impl Slot {
     /// Every slot, in the order `run -v` and the profile docs list them.
-    pub const ALL: [Slot; 25] = [
+    pub const ALL: [Slot; 26] = [
         Slot::Gemm(Proj::Qkv),
         Slot::Gemm(Proj::O),
         Slot::Gemm(Proj::GateUp),
@@ -119,6 +123,7 @@ impl Slot {
         Slot::MoeGateUp,
         Slot::MoeDown,
         Slot::MoeGemm,
+        Slot::MoeGemmDown,
     ];
     /// Slots not in `ALL` order above but served too: the pre-passes.
     pub const PREPASSES: [Slot; 3] = [Slot::QuantizeQ8_1, Slot::ActConvert, Slot::ScaleExpand];
@@ -175,6 +180,7 @@ impl Slot {
             Slot::MoeGateUp => "moe_gemv.gate_up",
             Slot::MoeDown => "moe_gemv.down",
             Slot::MoeGemm => "moe_gemm",
+            Slot::MoeGemmDown => "moe_gemm.down",
         }
     }
 
@@ -219,6 +225,7 @@ impl Slot {
             Slot::MoeGemm => {
                 "MoE prefill: the chunk's experts as grouped GEMMs (moe_gemv: groups of 8 rows)"
             }
+            Slot::MoeGemmDown => "MoE prefill: the grouped GEMMs' down stage (the row tile of moe_gemm)",
         }
     }
 

@@ -212,20 +212,45 @@ impl Builder<'_> {
             ("DOWN", m.down.2),
             ("COMBINE", m.gate_up.2),
         ];
-        if stages
-            .iter()
-            .any(|&(st, t)| self.planner.resolve(slot, &p(t), &stage(st)).is_err())
-        {
+        // DOWN has a slot of its own (`moe_gemm.down`, served by the
+        // `moe_gemm` entry unless a profile names it): its warp layout may
+        // differ, its row tile may not.
+        let slot_of = |st: &str| {
+            if st == "DOWN" {
+                Slot::MoeGemmDown
+            } else {
+                slot
+            }
+        };
+        if stages.iter().any(|&(st, t)| {
+            self.planner
+                .resolve(slot_of(st), &p(t), &stage(st))
+                .is_err()
+        }) {
             return Ok(None);
         }
         let mut ids = [0; 4];
         for (i, (st, t)) in stages.into_iter().enumerate() {
-            ids[i] = self.push(slot, p(t), stage(st), GridRule::Rows)?;
+            ids[i] = self.push(slot_of(st), p(t), stage(st), GridRule::Rows)?;
         }
-        let bm = match self.launches[ids[1]].res.defines.get("BM") {
-            Some(DefineValue::Int(b)) if *b > 0 => *b as usize,
-            _ => return Err(PlanError::slot(slot, "moe_gemm resolved without a BM")),
+        let bm_of = |id: LaunchId| match self.launches[id].res.defines.get("BM") {
+            Some(DefineValue::Int(b)) if *b > 0 => Some(*b as usize),
+            _ => None,
         };
+        let bm =
+            bm_of(ids[1]).ok_or_else(|| PlanError::slot(slot, "moe_gemm resolved without a BM"))?;
+        if self.launches[ids[2]].res.family.name() != "moe_gemm" {
+            return Err(PlanError::slot(
+                Slot::MoeGemmDown,
+                "the grouped GEMMs' down stage must be served by moe_gemm when moe_gemm serves the others",
+            ));
+        }
+        if bm_of(ids[2]) != Some(bm) {
+            return Err(PlanError::slot(
+                Slot::MoeGemmDown,
+                format!("the down stage's row tile BM must be the other stages' ({bm}): the pairs are cut into tiles once"),
+            ));
+        }
         Ok(Some(MoeGemmPlan {
             group: ids[0],
             gate_up: ids[1],
