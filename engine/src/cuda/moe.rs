@@ -358,11 +358,16 @@ mod tests {
     }
 
     /// A MoE slot may name an entry per weight type (`slot@WTYPE`, the
-    /// expert stacks' type): main serves Q4_K gate|up stacks with its own
-    /// row count and Q8_0 ones with the group's entry.
+    /// expert stacks' type): main serves Q8_0 and Q4_K gate|up stacks with
+    /// entries of their own (two rows per warp) and Q4_0 ones with the
+    /// group's entry (one).
     #[test]
     fn moe_slots_resolve_per_expert_weight_type() {
-        for (w, rows) in [(WeightType::Q8_0, 1), (WeightType::Q4KM, 2)] {
+        for (w, rows) in [
+            (WeightType::Q8_0, 2),
+            (WeightType::Q4_0, 1),
+            (WeightType::Q4KM, 2),
+        ] {
             let (plan, _, _) = moe_plan("main", SynthVariant::B26A4b, w, 64);
             let b = plan.bucket(1).expect("the decode bucket");
             let mp = b.layers[0].moe.as_ref().expect("a MoE layer");
