@@ -38,13 +38,14 @@ use gemtune_kernels::bind::NULL;
 use gemtune_kernels::gpu::DeviceBuffer;
 use gemtune_kernels::runtime::Kernel;
 
+use super::buffers::MoeBuffers;
 use super::engine::{dev, CudaEngine};
 use super::forward_plan::{
     LayerPlan, MoeExperts, MoeGemmPlan, MoeGroupPlan, MoePlan, MOE_GROUP_ROWS,
 };
 use super::slots::Phase;
 use super::stages::Rows;
-use super::weights::{GpuMatrix, Layouts};
+use super::weights::{GpuMatrix, Layouts, MoeLayerWeights};
 use crate::engine::EngineError;
 
 impl CudaEngine<'_> {
@@ -253,20 +254,27 @@ impl CudaEngine<'_> {
         })
     }
 
+    /// MoE layer `l`'s weights and the block's buffers, when the layer's
+    /// plan has an expert block.
+    fn moe_parts(&self, lp: &LayerPlan, l: usize) -> Option<(&MoeLayerWeights, &MoeBuffers)> {
+        match (&lp.moe, self.w.layers[l].moe.as_ref(), &self.moe_buffers) {
+            (Some(_), Some(mw), Some(mb)) => Some((mw, mb)),
+            _ => None,
+        }
+    }
+
     /// The router input and the experts' input norm of MoE layer `l`,
     /// which its attention residual writes beside the shared MLP's input
     /// (`OUTS=3`); nothing on a dense layer.
     pub(super) fn moe_inputs(&self, lp: &LayerPlan, l: usize) -> RmsNormMoe {
-        match (&lp.moe, self.w.layers[l].moe.as_ref(), &self.moe_buffers) {
-            (Some(_), Some(mw), Some(mb)) => RmsNormMoe {
+        self.moe_parts(lp, l)
+            .map_or_else(RmsNormMoe::default, |(mw, mb)| RmsNormMoe {
                 out2: mb.z.ptr(),
                 w_out2: mw.router_norm.ptr(),
                 out3: mb.a2.ptr(),
                 w_out3: mw.pre_norm_2.ptr(),
                 ..Default::default()
-            },
-            _ => RmsNormMoe::default(),
-        }
+            })
     }
 
     /// The FFN output's two halves on MoE layer `l`, which the launch that
@@ -274,15 +282,13 @@ impl CudaEngine<'_> {
     /// `rmsnorm(y) * post_ffw_norm_1 + rmsnorm(e) * post_ffw_norm_2`;
     /// nothing on a dense layer.
     pub(super) fn moe_sum(&self, lp: &LayerPlan, l: usize) -> RmsNormMoe {
-        match (&lp.moe, self.w.layers[l].moe.as_ref(), &self.moe_buffers) {
-            (Some(_), Some(mw), Some(mb)) => RmsNormMoe {
+        self.moe_parts(lp, l)
+            .map_or_else(RmsNormMoe::default, |(mw, mb)| RmsNormMoe {
                 y2: mb.e.ptr(),
                 w_y: mw.post_norm_1.ptr(),
                 w_y2: mw.post_norm_2.ptr(),
                 ..Default::default()
-            },
-            _ => RmsNormMoe::default(),
-        }
+            })
     }
 }
 
