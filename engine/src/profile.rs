@@ -70,6 +70,14 @@ pub struct ProfileFile {
     /// the file's bytes). Inherited from the base unless set.
     #[serde(default)]
     pub gemm_scales: Option<String>,
+    /// How a decode step's kernels follow each other on the GPU:
+    /// `"chained"` (each launch a programmatic dependent of the one before:
+    /// its blocks become resident while that grid runs and wait for it on
+    /// the device, so the launch latency and the grid's ramp overlap the
+    /// previous kernel) or `"plain"` (stream order). The same kernels and
+    /// arithmetic either way. Inherited from the base unless set.
+    #[serde(default)]
+    pub decode_launch: Option<String>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -127,6 +135,8 @@ pub struct Profile {
     /// The prefill GEMMs' scale plane is expanded per launch from the
     /// GEMV's (`ProfileFile::gemm_scales = "expand"`).
     pub expand_gemm_scales: bool,
+    /// A decode step's launches are chained (`ProfileFile::decode_launch`).
+    pub chain_decode: bool,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -436,6 +446,7 @@ impl Profile {
                 lossless: false,
                 head_convert: None,
                 expand_gemm_scales: false,
+                chain_decode: false,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -469,6 +480,17 @@ impl Profile {
                 return Err(ProfileError::Parse {
                     at: loc.key(&["gemm_scales"]),
                     msg: format!("gemm_scales = \"{other}\": write \"resident\" or \"expand\""),
+                })
+            }
+        }
+        match f.decode_launch.as_deref() {
+            None => {}
+            Some("plain") => p.chain_decode = false,
+            Some("chained") => p.chain_decode = true,
+            Some(other) => {
+                return Err(ProfileError::Parse {
+                    at: loc.key(&["decode_launch"]),
+                    msg: format!("decode_launch = \"{other}\": write \"chained\" or \"plain\""),
                 })
             }
         }
@@ -697,6 +719,28 @@ mod tests {
             "name = \"x\"\nbase = \"main\"\n[slot.\"gemv@Q9_9\"]\nfamily = \"gemv\"\n"
         )
         .is_err());
+    }
+
+    #[test]
+    fn decode_launch_is_read_inherited_and_checked() {
+        assert!(Profile::load("main").expect("main").chain_decode);
+        assert!(Profile::load("strict").expect("strict").chain_decode);
+        let plain = Profile::parse(
+            "t",
+            "name = \"x\"\nbase = \"main\"\ndecode_launch = \"plain\"\n",
+        )
+        .expect("plain");
+        assert!(!plain.chain_decode);
+        let e = Profile::parse(
+            "t.toml",
+            "name = \"x\"\nbase = \"main\"\ndecode_launch = \"chain\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("t.toml:3:") && e.contains("write \"chained\" or \"plain\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -40,6 +40,7 @@ DEVI u32 pack2(float lo, float hi) {
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 act_convert(const float* __restrict__ x, u32* __restrict__ out, u64 n) {
+    pdl_enter();
     const u64 t = (u64)blockIdx.x * THREADS + threadIdx.x;
     const u64 e = t * 8;
     if (e + 8 <= n) {

@@ -657,6 +657,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 ATTN_ENTRY(const q_elem* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
            void* __restrict__ out, int q_pos0_arg, int n_q, int capacity, int n_heads, int n_kv_heads,
            int window, const int* __restrict__ pos0_dev, float* __restrict__ scratch) {
+    pdl_enter();
     extern __shared__ __align__(1024) u8 smem_raw[];
     // Swizzled tiles need 1024-byte alignment; the launch adds 1024 bytes of slack.
     const u32 raw = smem_addr(smem_raw);

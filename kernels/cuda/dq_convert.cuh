@@ -22,6 +22,7 @@
 #endif
 
 extern "C" __global__ void __launch_bounds__(256) gemm_dq_convert(const float* __restrict__ x, u32* __restrict__ xh, u64 n_pairs) {
+    pdl_enter();
     const u64 i = (u64)blockIdx.x * 256 + threadIdx.x;
     if (i >= n_pairs) return;
     const float2 v = reinterpret_cast<const float2*>(x)[i];

@@ -100,6 +100,7 @@ DEVI float q6p_at(const u8* nib_row, const u8* rec_row, int c) {
 extern "C" __global__ void __launch_bounds__(THREADS)
 embed(const int* __restrict__ tokens, const u8* __restrict__ table, const u8* __restrict__ side,
       float* __restrict__ out, int rows, int width, float scale) {
+    pdl_enter();
     const int r = blockIdx.y;
     const int c = blockIdx.x * THREADS + threadIdx.x;
     if (r >= rows || c >= width) return;
@@ -118,6 +119,7 @@ embed(const int* __restrict__ tokens, const u8* __restrict__ table, const u8* __
 extern "C" __global__ void __launch_bounds__(THREADS)
 embed(const int* __restrict__ tokens, const u8* __restrict__ table, const u8* __restrict__ side,
       float* __restrict__ out, int rows, int width, float scale) {
+    pdl_enter();
     const int groups = width / 4;
     const int r0 = blockIdx.y * ROWS;
     // Rows and groups past the end load the last one again (a valid

@@ -28,6 +28,7 @@
 extern "C" __global__ void __launch_bounds__(THREADS)
 gelu_mul(const float* __restrict__ g, int g_stride, const float* __restrict__ u, int u_stride,
          void* __restrict__ out, float2* __restrict__ out_ds, int rows, int width) {
+    pdl_enter();
     const int r = blockIdx.y;
     if (r >= rows) return;
     const int c4 = blockIdx.x * THREADS + threadIdx.x;

@@ -227,6 +227,7 @@ DEVI void compute_steps(u32 a_lane, const u8* sB, const float* sSB, float (&acc)
 extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, STAGES * STAGE_BYTES, MI * NJ * 4 + DQ_EXTRA_REGS))
 gemm_dq(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __restrict__ xh,
         float* __restrict__ y, int M, int N, int K) {
+    pdl_enter();
     extern __shared__ __align__(128) u8 smem[];
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

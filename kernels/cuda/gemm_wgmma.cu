@@ -271,6 +271,7 @@ DEVI void k_step(const Loader& L, u32 s_base, u8* smem, const u8* base, int kt, 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_wgmma(const u8* __restrict__ wq, const float* __restrict__ wd, const u16* __restrict__ xh,
            float* __restrict__ y, int M, int N, int K) {
+    pdl_enter();
     extern __shared__ __align__(1024) u8 smem_raw[];
     // Swizzled tiles need 1024-byte alignment; the launch adds 1024 bytes of slack.
     const u32 raw = smem_addr(smem_raw);

@@ -100,6 +100,11 @@
 //   UNROLL  chunks per lane whose loads are in flight together: 1, 2, 4
 //   XSMEM   0 = activations read from global memory, 1 = staged in shared
 //           memory first (ALGO 0 only; k a multiple of 32)
+//   PREFETCH 128-byte lines of each of its rows a block asks L2 for before
+//           it waits for the grid ahead (0 = none; default 0). Only a
+//           chained launch (PDL) runs while that grid still works, so the
+//           prefetch overlaps it; launched plainly it only runs ahead of the
+//           first loads
 
 #ifndef WTYPE
 #error "gemv.cu needs WTYPE"
@@ -127,6 +132,9 @@
 #endif
 #ifndef XSMEM
 #error "gemv.cu needs XSMEM"
+#endif
+#ifndef PREFETCH
+#define PREFETCH 0
 #endif
 #if XSMEM && ALGO != 0
 #error "XSMEM=1 stages f32 activations: it needs ALGO=0"
@@ -245,6 +253,30 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[m][r][t] = 0.f;
+#if PREFETCH
+    // Before the wait of a chained launch: the first PREFETCH lines of the
+    // group's rows head for L2 while the grid ahead finishes.
+    if (active) {
+        prefetch_rows(wq, row0, ROWS, n, k, PREFETCH, slice * 32 + lane, 32 * KSPLIT);
+#if FUSE
+        prefetch_rows(wq2, row0, ROWS, n, k, PREFETCH, slice * 32 + lane, 32 * KSPLIT);
+#endif
+    }
+#endif
+#if ALGO == 2
+    // The first chunks of this lane's rows head for L2 while the block
+    // splits x, so the weight stream does not start from cold after it.
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int c = slice * 32 + lane + i * 32 * KSPLIT;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                if (c < k / CHUNK) prefetch_l2(wq + (u64)min(row0 + r, n - 1) * (k / 2) + (u64)c * 16);
+        }
+    }
+#endif
+    pdl_enter();
 #if XSMEM
     // The block's copy of x: token t's row at xa + t * xstride, group g at
     // 36 g (XPOS). Every thread copies, then waits, before any chunk.
@@ -267,17 +299,6 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
 #if ALGO == 2
     // The block's split activations: token t, group g at xsp[t * (k/32) + g].
     extern __shared__ XSplit xsp[];
-    // The first chunks of this lane's rows head for L2 while the block
-    // splits x, so the weight stream does not start from cold after it.
-    if (active) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int c = slice * 32 + lane + i * 32 * KSPLIT;
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-                if (c < k / CHUNK) prefetch_l2(wq + (u64)min(row0 + r, n - 1) * (k / 2) + (u64)c * 16);
-        }
-    }
     split_rows(x, xsp, NT, k);
     __syncthreads();
 #elif ALGO == 3

@@ -181,6 +181,7 @@ DEVI void compute_stage(u32 a_lane, const u8* sB, const float* sSA, const float*
 extern "C" __global__ void __launch_bounds__(THREADS)
 mmq(const u8* __restrict__ wq, const float* __restrict__ wd, const i8* __restrict__ xq,
     const float2* __restrict__ xds, float* __restrict__ y, int M, int N, int K) {
+    pdl_enter();
     extern __shared__ __align__(128) u8 smem[];
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

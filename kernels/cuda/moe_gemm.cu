@@ -189,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(GROUP_THREADS, 1)
 moe_gemm_group(const int* __restrict__ ids, int* __restrict__ counts, int* __restrict__ offsets,
                int* __restrict__ sorted, int2* __restrict__ tiles, int n_tokens, int n_experts, int n_used,
                int bm) {
+    pdl_enter();
     __shared__ int s_cnt[MAX_EXPERTS];
     __shared__ int s_cur[MAX_EXPERTS];
     __shared__ int s_off[MAX_EXPERTS + 1];
@@ -280,6 +281,7 @@ moe_gemm_group(const int* __restrict__ ids, int* __restrict__ counts, int* __res
 extern "C" __global__ void __launch_bounds__(256)
 moe_gemm_combine(const float* __restrict__ yp, const int* __restrict__ ids, const float* __restrict__ weights,
                  float* __restrict__ y, int n_tokens, int d, int n_experts, int n_used) {
+    pdl_enter();
     const int t = blockIdx.y;
     const int c = (blockIdx.x * 256 + threadIdx.x) * 4;
     if (t >= n_tokens || c >= d) return;
@@ -875,12 +877,14 @@ DEVI void gemm_body(const u8* __restrict__ wq, const u8* __restrict__ wd, const 
 extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, SMEM_BYTES, ACC_REGS))
 moe_gemm_gate_up(const u8* wq, const u8* wd, const float* x, const int* sorted, const int2* tiles,
                  const int* offsets, float* h, int d, int ffn, int n_used) {
+    pdl_enter();
     gemm_body(wq, wd, x, sorted, tiles, offsets, h, d, ffn, n_used);
 }
 #else
 extern "C" __global__ void __launch_bounds__(THREADS, OCC_BLOCKS(THREADS, SMEM_BYTES, ACC_REGS))
 moe_gemm_down(const u8* wq, const u8* wd, const float* h, const int* sorted, const int2* tiles,
               const int* offsets, float* yp, int d, int ffn) {
+    pdl_enter();
     gemm_body(wq, wd, h, sorted, tiles, offsets, yp, d, ffn, 1);
 }
 #endif

@@ -214,6 +214,7 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
                        const int* __restrict__ ids, float* __restrict__ h, unsigned long long* __restrict__ count,
                        int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
+    pdl_enter();
     group_experts<NT>(ids, n_experts, n_used, g);
     const int u = blockIdx.y;
     if (u >= g.n) return;
@@ -297,6 +298,7 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
                     const int* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ y,
                     unsigned long long* __restrict__ count, int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
+    pdl_enter();
     group_experts<NT>(ids, n_experts, n_used, g);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;

@@ -271,6 +271,7 @@ template <int NT>
 DEVI void moe_route_body(const u8* __restrict__ w, const float* __restrict__ z, const float* __restrict__ scale,
                          float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights,
                          u32* __restrict__ counter, int d, int n_experts, int n_used) {
+    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * ROWS;
     // This block's group of NT tokens (grid.y groups per launch); the

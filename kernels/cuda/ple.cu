@@ -29,6 +29,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 ple(const int* __restrict__ tokens, const u8* __restrict__ table, const float* __restrict__ proj,
     const float* __restrict__ proj_norm, float* __restrict__ out, int rows, int n_layers, int ple_dim,
     float proj_scale, float tok_scale, float eps) {
+    pdl_enter();
     __shared__ float red[THREADS / 32];
     const int l = blockIdx.x, r = blockIdx.y;
     if (r >= rows || l >= n_layers) return;

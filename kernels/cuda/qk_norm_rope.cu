@@ -105,8 +105,11 @@ qk_norm_rope(const float* __restrict__ q_in, int q_stride, const float* __restri
     // The decode attention that follows is a programmatic dependent
     // (bind::attention::launch): released now, it streams the cache's older
     // keys while this grid writes Q and the step's K/V, and waits for this
-    // grid before it reads them (attn_split.cuh).
+    // grid before it reads them (attn_split.cuh). This grid itself waits
+    // for the one ahead (a chained decode step launches it as a dependent)
+    // before it reads anything or returns.
     pdl_release_dependents();
+    pdl_await_prior();
     const int t = blockIdx.y;
     const int head = blockIdx.x;
     if (t >= rows) return;
@@ -203,8 +206,9 @@ qk_norm_rope(const float* __restrict__ q_in, int q_stride, const float* __restri
              void* __restrict__ v_cache, int capacity, int rows, int n_heads, int n_kv_heads, float eps) {
     __shared__ float cs[2][HALF];
     // The decode attention that follows is a programmatic dependent (as
-    // with ALGO = 0).
+    // with ALGO = 0), and this grid waits for the one ahead.
     pdl_release_dependents();
+    pdl_await_prior();
     const int t = blockIdx.x;
     if (t >= rows) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

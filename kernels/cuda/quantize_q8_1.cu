@@ -38,6 +38,7 @@
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 quantize_q8_1(const float* __restrict__ x, i8* __restrict__ q, float2* __restrict__ ds, u64 n_elems) {
+    pdl_enter();
     const u64 t = (u64)blockIdx.x * THREADS + threadIdx.x;
     const u64 e = t * 4;
     // n_elems is a multiple of 32, so each aligned group of 8 lanes is

@@ -74,6 +74,7 @@ rmsnorm(float* __restrict__ h, const float* __restrict__ y, const float* __restr
         float2* __restrict__ out_ds, const float* __restrict__ y2, const float* __restrict__ w_y,
         const float* __restrict__ w_y2, float* __restrict__ out2, const float* __restrict__ w_out2,
         float* __restrict__ out3, const float* __restrict__ w_out3, int rows, int width, float eps) {
+    pdl_enter();
     __shared__ float red[THREADS / 32];
     const int r = blockIdx.x;
     if (r >= rows) return;

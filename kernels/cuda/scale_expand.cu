@@ -95,6 +95,7 @@ DEVI uint4 kq_group_words(const u8* rec, int j) {
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 scale_expand(const u8* __restrict__ src, u32* __restrict__ dst, u64 groups) {
+    pdl_enter();
     const u64 t = (u64)blockIdx.x * THREADS + threadIdx.x;
 #if ALGO == 0
     const u64 g = t;

@@ -14,6 +14,7 @@
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 softcap(float* __restrict__ x, int rows, int width, float cap) {
+    pdl_enter();
     const int r = blockIdx.y;
     const int c4 = blockIdx.x * THREADS + threadIdx.x;
     if (r >= rows || c4 * 4 >= width) return;

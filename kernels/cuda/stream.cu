@@ -15,6 +15,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(THREADS) stream_read(const uint4* __restrict__ buf, u64 n16, int reps, u32* sink) {
+    pdl_enter();
     u32 acc = 0;
     const u64 stride = (u64)gridDim.x * THREADS;
     for (int r = 0; r < reps; ++r) {

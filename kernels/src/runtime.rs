@@ -80,12 +80,27 @@ impl Kernel {
         grid: (u32, u32, u32),
         args: &[KArg],
     ) -> Result<(), GpuError> {
+        self.launch_grid_as(gpu, grid, args, false)
+    }
+    /// `launch_grid`, as a programmatic dependent of the launch before it
+    /// when `dependent` (as `launch_dependent`).
+    pub fn launch_grid_as(
+        &self,
+        gpu: &Gpu,
+        grid: (u32, u32, u32),
+        args: &[KArg],
+        dependent: bool,
+    ) -> Result<(), GpuError> {
         self.check_args(args)?;
         let geo = LaunchGeometry {
             grid,
             ..self.geo.clone()
         };
-        gpu.launch_function(self.func, &geo, args)
+        if dependent {
+            gpu.launch_function_dependent(self.func, &geo, args)
+        } else {
+            gpu.launch_function(self.func, &geo, args)
+        }
     }
     /// The same function with another geometry (a prefill chunk's grid).
     pub fn with_geometry(&self, geo: LaunchGeometry) -> Kernel {

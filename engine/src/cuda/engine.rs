@@ -95,6 +95,10 @@ pub struct CudaEngine<'m> {
     pub(super) pos: usize,
     pub(super) use_graph: bool,
     pub(super) graph: Option<Graph>,
+    /// Whether the captured decode step chains its launches (the profile's
+    /// `decode_launch`), and the chain's state while it is captured.
+    pub(super) chain_decode: bool,
+    pub(super) chain: super::launch_chain::LaunchChain,
     pub(super) phases: std::cell::RefCell<Option<Phases>>,
     /// The phase timing while turned off (`set_phases`), kept with its
     /// timed decode graph for the next time it is turned on.
@@ -214,6 +218,7 @@ impl<'m> CudaEngine<'m> {
         let cache = KernelCache::new(None);
         let kernels = plan.load(&gpu, &cache).map_err(plan_err)?;
         gpu.synchronize().map_err(dev)?;
+        let chain_decode = planner.profile.chain_decode;
         Ok(CudaEngine {
             model,
             gpu,
@@ -228,6 +233,8 @@ impl<'m> CudaEngine<'m> {
             pos: 0,
             use_graph: opts.graph,
             graph: None,
+            chain_decode,
+            chain: Default::default(),
             phases: std::cell::RefCell::new(opts.phases.then(Phases::new)),
             parked_phases: None,
             staging_i32,

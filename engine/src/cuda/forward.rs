@@ -281,9 +281,19 @@ impl CudaEngine<'_> {
         }
     }
 
-    /// The launches of a one-token decode step (captured once): the
-    /// one-row bucket, every layer, the head.
+    /// The launches of a one-token decode step (captured once), chained
+    /// when the profile asks (`launch_chain`).
     fn decode_body(&self) -> Result<(), EngineError> {
+        if self.chain_decode {
+            self.chain.begin();
+        }
+        let r = self.decode_launches();
+        self.chain.end();
+        r
+    }
+
+    /// The one-row bucket, every layer, the head.
+    fn decode_launches(&self) -> Result<(), EngineError> {
         let bp = self.bucket(1)?;
         let k = &self.kernels.kernels;
         self.embed(k, bp, 1)?;

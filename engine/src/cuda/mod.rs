@@ -29,6 +29,7 @@ mod engine;
 mod forward;
 pub mod forward_plan;
 mod kv_cache;
+mod launch_chain;
 pub mod model_dims;
 mod moe;
 mod phases;

@@ -117,8 +117,7 @@ impl CudaEngine<'_> {
             };
             let kr = &k[id];
             let grid = (kr.geo.grid.0, groups as u32, 1);
-            kr.launch_grid(&self.gpu, grid, &route.kargs())
-                .map_err(dev)?;
+            self.launch_kernel_grid(kr, grid, &route.kargs())?;
             r0 += n * groups;
         }
         if let MoeExperts::Grouped(gp) = &mp.experts {
@@ -142,7 +141,7 @@ impl CudaEngine<'_> {
                     n_experts: ne,
                     n_used: kk,
                 };
-                k[g.gate_up].launch(&self.gpu, &gu.kargs()).map_err(dev)?;
+                self.launch_kernel(&k[g.gate_up], &gu.kargs())?;
                 self.mark(Phase::MoeDown)?;
                 let dn = MoeDownArgs {
                     w: w_dn,
@@ -156,7 +155,7 @@ impl CudaEngine<'_> {
                     n_experts: ne,
                     n_used: kk,
                 };
-                k[g.down].launch(&self.gpu, &dn.kargs()).map_err(dev)?;
+                self.launch_kernel(&k[g.down], &dn.kargs())?;
                 r0 += n;
             }
         }
@@ -201,7 +200,7 @@ impl CudaEngine<'_> {
             n_used: kk,
             bm: gp.bm,
         };
-        k[gp.group].launch(&self.gpu, &g.kargs()).map_err(dev)?;
+        self.launch_kernel(&k[gp.group], &g.kargs())?;
         self.mark(Phase::MoeGateUp)?;
         let gu = MoeGemmGateUpArgs {
             w: w_gu,
@@ -214,7 +213,7 @@ impl CudaEngine<'_> {
             ffn: fe,
             n_used: kk,
         };
-        k[gp.gate_up].launch(&self.gpu, &gu.kargs()).map_err(dev)?;
+        self.launch_kernel(&k[gp.gate_up], &gu.kargs())?;
         self.mark(Phase::MoeDown)?;
         let dn = MoeGemmDownArgs {
             w: w_dn,
@@ -226,7 +225,7 @@ impl CudaEngine<'_> {
             d,
             ffn: fe,
         };
-        k[gp.down].launch(&self.gpu, &dn.kargs()).map_err(dev)?;
+        self.launch_kernel(&k[gp.down], &dn.kargs())?;
         let c = MoeCombineArgs {
             yp: s.yp.ptr(),
             ids: mb.ids.ptr(),
@@ -237,7 +236,7 @@ impl CudaEngine<'_> {
             n_experts: ne,
             n_used: kk,
         };
-        k[gp.combine].launch(&self.gpu, &c.kargs()).map_err(dev)
+        self.launch_kernel(&k[gp.combine], &c.kargs())
     }
 
     /// The launches of a group of `n` rows of layer `l`'s plan.

@@ -44,7 +44,29 @@ impl CudaEngine<'_> {
     }
 
     fn launch(&self, k: &[Kernel], id: LaunchId, args: &[KArg]) -> Result<(), EngineError> {
-        k[id].launch(&self.gpu, args).map_err(dev)
+        self.launch_kernel(&k[id], args)
+    }
+
+    /// One launch of `kernel`, chained to the launch before it when the
+    /// decode step's chain says so (`launch_chain`).
+    pub(super) fn launch_kernel(&self, kernel: &Kernel, args: &[KArg]) -> Result<(), EngineError> {
+        if self.chain.next_launch() {
+            kernel.launch_dependent(&self.gpu, args).map_err(dev)
+        } else {
+            kernel.launch(&self.gpu, args).map_err(dev)
+        }
+    }
+
+    /// `launch_kernel` with `grid` in place of the planned grid.
+    pub(super) fn launch_kernel_grid(
+        &self,
+        kernel: &Kernel,
+        grid: (u32, u32, u32),
+        args: &[KArg],
+    ) -> Result<(), EngineError> {
+        kernel
+            .launch_grid_as(&self.gpu, grid, args, self.chain.next_launch())
+            .map_err(dev)
     }
 
     /// The activation buffer in `format` (main plane and Q8_1 scales).
@@ -142,6 +164,7 @@ impl CudaEngine<'_> {
                     )));
                 }
                 self.vendor_matmul(k, *convert, phase, w, x, scratch, rows)?;
+                self.chain.other_op();
                 self.gpu
                     .copy_range(y, y_off, scratch, 0, bytes)
                     .map_err(dev)
@@ -225,6 +248,7 @@ impl CudaEngine<'_> {
     ) -> Result<(), EngineError> {
         let n = w.n / b.matrices;
         if b.zero_output {
+            self.chain.other_op();
             self.gpu
                 .fill_u32_range(y, y_off, rows * w.n, 0)
                 .map_err(dev)?;
@@ -277,6 +301,7 @@ impl CudaEngine<'_> {
         ];
         self.launch(k, convert, &args)?;
         self.mark(phase)?;
+        self.chain.other_op();
         cublas
             .gemm_tn(&self.gpu, GemmType::Bf16, m, w.n, w.k, wb, &self.b.act16, y)
             .map_err(|e| err(e.to_string()))
@@ -524,6 +549,7 @@ impl CudaEngine<'_> {
             &args,
         )
         .map_err(dev)?;
+        self.chain.kernel_launched();
 
         let o = match o_act {
             Some(a) => a,
