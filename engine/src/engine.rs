@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::cpu::CpuEngine;
-use crate::forward::{forward_in_chunks, Chunk, ForwardError, LogitRows, Logits, SeqState};
+use crate::forward::{forward_in_chunks_into, Chunk, ForwardError, LogitRows, Logits, SeqState};
 use crate::model::Model;
 use crate::sampler::Sampler;
 use crate::step_bytes::StepReads;
@@ -66,7 +66,7 @@ pub enum EngineError {
 ///
 /// A backend implements `run_chunk`; `forward` (provided) checks a call's
 /// input once and cuts it into chunks of at most `chunk_len` tokens
-/// (`forward::forward_in_chunks`), so both backends validate and chunk in
+/// (`forward::forward_in_chunks_into`), so both backends validate and chunk in
 /// one place.
 pub trait Engine {
     fn model(&self) -> &Model;
@@ -88,6 +88,18 @@ pub trait Engine {
     /// Runs `tokens` at `position()..`, appends their K/V and returns the
     /// logits of `rows`.
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits, EngineError> {
+        let mut out = Logits::default();
+        self.forward_into(tokens, rows, &mut out)?;
+        Ok(out)
+    }
+    /// `forward` into `out`, reusing its buffers (a decode loop passes the
+    /// same `Logits` every step and allocates the vocabulary row once).
+    fn forward_into(
+        &mut self,
+        tokens: &[u32],
+        rows: LogitRows,
+        out: &mut Logits,
+    ) -> Result<(), EngineError> {
         let st = SeqState {
             position: self.position(),
             max_seq: self.max_seq(),
@@ -95,7 +107,7 @@ pub trait Engine {
             chunk: self.chunk_len(),
             vocab: self.model().vocab_size(),
         };
-        forward_in_chunks(st, tokens, rows, |c, out| self.run_chunk(c, out))
+        forward_in_chunks_into(st, tokens, rows, out, |c, o| self.run_chunk(c, o))
     }
     /// Phase times accumulated since the last call (None: not measured).
     fn take_phases(&mut self) -> Option<PhaseTimes> {
@@ -218,6 +230,7 @@ pub fn generate(
         .ok_or_else(|| EngineError::Device("the prefill returned no logits row".into()))?;
     let mut next = sampler.sample(last);
     let budget = max_new.unwrap_or(usize::MAX);
+    let mut l = Logits::default();
     loop {
         if budget == 0 || is_stop(next) || STOP_IDS.contains(&next) {
             break;
@@ -231,7 +244,7 @@ pub fn generate(
             break;
         }
         let t = Instant::now();
-        let l = engine.forward(&[next], LogitRows::Last)?;
+        engine.forward_into(&[next], LogitRows::Last, &mut l)?;
         st.decode += t.elapsed();
         st.decode_steps += 1;
         let row = l

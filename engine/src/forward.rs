@@ -17,7 +17,7 @@ pub enum LogitRows {
 }
 
 /// Logits of the requested rows, `[rows][vocab]`, softcapped.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Logits {
     /// Absolute position of each row.
     pub positions: Vec<usize>,
@@ -92,8 +92,25 @@ pub fn forward_in_chunks<E: From<ForwardError>>(
     st: SeqState,
     tokens: &[u32],
     rows: LogitRows,
-    mut run: impl FnMut(Chunk<'_>, &mut [f32]) -> Result<(), E>,
+    run: impl FnMut(Chunk<'_>, &mut [f32]) -> Result<(), E>,
 ) -> Result<Logits, E> {
+    let mut out = Logits::default();
+    forward_in_chunks_into(st, tokens, rows, &mut out, run)?;
+    Ok(out)
+}
+
+/// `forward_in_chunks` writing into `out`, whose buffers are reused: a
+/// decode loop that passes the same `Logits` every step allocates (and
+/// faults in) its vocabulary-sized row once, not once per token. `run`
+/// writes every element of the rows it keeps. On an input error `out` is
+/// left as it was; when a chunk fails it holds no rows.
+pub fn forward_in_chunks_into<E: From<ForwardError>>(
+    st: SeqState,
+    tokens: &[u32],
+    rows: LogitRows,
+    out: &mut Logits,
+    mut run: impl FnMut(Chunk<'_>, &mut [f32]) -> Result<(), E>,
+) -> Result<(), E> {
     let vocab = st.vocab;
     if tokens.is_empty() {
         return Err(ForwardError::Empty.into());
@@ -120,7 +137,11 @@ pub fn forward_in_chunks<E: From<ForwardError>>(
         LogitRows::All => (0..n).collect(),
         LogitRows::None => Vec::new(),
     };
-    let mut data = vec![0.0f32; wanted.len() * vocab];
+    // Elements kept from the previous call are overwritten by `run`; until
+    // the last chunk is done `out` holds no rows.
+    out.positions.clear();
+    let mut data = std::mem::take(&mut out.data);
+    data.resize(wanted.len() * vocab, 0.0);
     let chunk = st.chunk.max(1);
     let mut done = 0;
     let mut c0 = 0;
@@ -146,11 +167,12 @@ pub fn forward_in_chunks<E: From<ForwardError>>(
         done += k;
         c0 = c1;
     }
-    Ok(Logits {
-        positions: wanted.iter().map(|&i| st.position + i).collect(),
-        vocab,
-        data,
-    })
+    out.positions.clear();
+    out.positions
+        .extend(wanted.iter().map(|&i| st.position + i));
+    out.vocab = vocab;
+    out.data = data;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -239,5 +261,33 @@ mod tests {
         )
         .expect("forward");
         assert_eq!(last.positions, vec![5]);
+    }
+
+    #[test]
+    fn a_reused_logits_buffer_keeps_its_allocation_and_takes_new_rows() {
+        let write = |c: Chunk<'_>, out: &mut [f32]| -> Result<(), ForwardError> {
+            for (i, &r) in c.keep.iter().enumerate() {
+                out[i * 4..(i + 1) * 4].fill((c.pos + r) as f32);
+            }
+            Ok(())
+        };
+        let mut out = Logits::default();
+        forward_in_chunks_into(st(0, 4), &[1], LogitRows::Last, &mut out, write).expect("step 0");
+        let buf = out.data.as_ptr();
+        for p in 1..6 {
+            forward_in_chunks_into(st(p, 4), &[2], LogitRows::Last, &mut out, write).expect("step");
+            assert_eq!(out.data.as_ptr(), buf, "the row was reallocated");
+            assert_eq!(out.positions, vec![p]);
+            assert_eq!(out.row(0), &[p as f32; 4]);
+        }
+        let all = forward_in_chunks(st(6, 4), &[0, 1, 2], LogitRows::All, write).expect("all");
+        forward_in_chunks_into(st(6, 4), &[0, 1, 2], LogitRows::All, &mut out, write)
+            .expect("into");
+        assert_eq!(out, all);
+        forward_in_chunks_into(st(9, 4), &[1], LogitRows::None, &mut out, write).expect("none");
+        assert_eq!(out.n_rows(), 0);
+        assert!(out.data.is_empty());
+        let bad = forward_in_chunks_into(st(0, 4), &[9], LogitRows::Last, &mut out, write);
+        assert!(matches!(bad, Err(ForwardError::UnknownToken { .. })));
     }
 }

@@ -74,8 +74,10 @@ pub struct ProfileFile {
     /// `"chained"` (each launch a programmatic dependent of the one before:
     /// its blocks become resident while that grid runs and wait for it on
     /// the device, so the launch latency and the grid's ramp overlap the
-    /// previous kernel) or `"plain"` (stream order). The same kernels and
-    /// arithmetic either way. Inherited from the base unless set.
+    /// previous kernel), `"chained-dense"` (chained on a dense model, in
+    /// stream order on a mixture-of-experts model, where chaining measured
+    /// slower) or `"plain"` (stream order). The same kernels and arithmetic
+    /// either way. Inherited from the base unless set.
     #[serde(default)]
     pub decode_launch: Option<String>,
     #[serde(default)]
@@ -119,6 +121,40 @@ pub struct SlotChoice {
     pub why: Option<String>,
 }
 
+/// How the launches of a captured decode step follow each other
+/// (`docs/architecture.md`, "Chained launches").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeLaunch {
+    /// Stream order.
+    Plain,
+    /// Every launch after the step's first is a programmatic dependent of
+    /// the one before.
+    Chained,
+    /// Chained on a dense model; stream order on a mixture-of-experts model
+    /// (26B-A4B), whose decode measured slower chained.
+    ChainedDense,
+}
+
+impl DecodeLaunch {
+    /// The profile spelling (`decode_launch = "..."`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeLaunch::Plain => "plain",
+            DecodeLaunch::Chained => "chained",
+            DecodeLaunch::ChainedDense => "chained-dense",
+        }
+    }
+    fn parse(s: &str) -> Option<DecodeLaunch> {
+        [
+            DecodeLaunch::Plain,
+            DecodeLaunch::Chained,
+            DecodeLaunch::ChainedDense,
+        ]
+        .into_iter()
+        .find(|d| d.name() == s)
+    }
+}
+
 /// A resolved profile: every slot's choice, with bases applied.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
@@ -135,8 +171,9 @@ pub struct Profile {
     /// The prefill GEMMs' scale plane is expanded per launch from the
     /// GEMV's (`ProfileFile::gemm_scales = "expand"`).
     pub expand_gemm_scales: bool,
-    /// A decode step's launches are chained (`ProfileFile::decode_launch`).
-    pub chain_decode: bool,
+    /// How a decode step's launches follow each other
+    /// (`ProfileFile::decode_launch`).
+    pub decode_launch: DecodeLaunch,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -446,7 +483,7 @@ impl Profile {
                 lossless: false,
                 head_convert: None,
                 expand_gemm_scales: false,
-                chain_decode: false,
+                decode_launch: DecodeLaunch::Plain,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -483,16 +520,13 @@ impl Profile {
                 })
             }
         }
-        match f.decode_launch.as_deref() {
-            None => {}
-            Some("plain") => p.chain_decode = false,
-            Some("chained") => p.chain_decode = true,
-            Some(other) => {
-                return Err(ProfileError::Parse {
-                    at: loc.key(&["decode_launch"]),
-                    msg: format!("decode_launch = \"{other}\": write \"chained\" or \"plain\""),
-                })
-            }
+        if let Some(v) = f.decode_launch.as_deref() {
+            p.decode_launch = DecodeLaunch::parse(v).ok_or_else(|| ProfileError::Parse {
+                at: loc.key(&["decode_launch"]),
+                msg: format!(
+                    "decode_launch = \"{v}\": write \"chained\", \"chained-dense\" or \"plain\""
+                ),
+            })?;
         }
         if p.lossless && p.head_convert.is_some() {
             return Err(ProfileError::Parse {
@@ -723,14 +757,20 @@ mod tests {
 
     #[test]
     fn decode_launch_is_read_inherited_and_checked() {
-        assert!(Profile::load("main").expect("main").chain_decode);
-        assert!(Profile::load("strict").expect("strict").chain_decode);
-        let plain = Profile::parse(
-            "t",
-            "name = \"x\"\nbase = \"main\"\ndecode_launch = \"plain\"\n",
-        )
-        .expect("plain");
-        assert!(!plain.chain_decode);
+        let main = Profile::load("main").expect("main").decode_launch;
+        assert_ne!(main, DecodeLaunch::Plain);
+        assert_eq!(Profile::load("strict").expect("strict").decode_launch, main);
+        for d in [
+            DecodeLaunch::Plain,
+            DecodeLaunch::Chained,
+            DecodeLaunch::ChainedDense,
+        ] {
+            let text = format!(
+                "name = \"x\"\nbase = \"main\"\ndecode_launch = \"{}\"\n",
+                d.name()
+            );
+            assert_eq!(Profile::parse("t", &text).expect("parses").decode_launch, d);
+        }
         let e = Profile::parse(
             "t.toml",
             "name = \"x\"\nbase = \"main\"\ndecode_launch = \"chain\"\n",
@@ -738,7 +778,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.starts_with("t.toml:3:") && e.contains("write \"chained\" or \"plain\""),
+            e.starts_with("t.toml:3:") && e.contains("\"chained-dense\" or \"plain\""),
             "{e}"
         );
     }

@@ -15,16 +15,19 @@
 //!   can be far off; see `assert_main_bar`).
 //! - `main`'s prefill on the grouped expert GEMMs (`moe_gemm`, a tiny-moe
 //!   with widths its tiles cut) within the same bar.
-//! - Graph decode bit-identical to eager decode.
+//! - Graph decode bit-identical to eager decode, and the decode step's
+//!   launches chained (`decode_launch` chained, chained-dense) bit-identical
+//!   to plain ones.
 
 #[path = "common/engines.rs"]
 mod engines;
 
-use engines::{compare_engines, cuda, prompt};
+use engines::{compare_engines, cuda, cuda_with, prompt};
 use gemtune_engine::engine::Engine;
 use gemtune_engine::forward::LogitRows;
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
+use gemtune_engine::profile::Profile;
 use gemtune_engine::synth::{self, SynthModel, SynthOptions, SynthVariant, WeightType};
 
 fn tiny_moe(w: WeightType) -> Model {
@@ -190,4 +193,37 @@ fn graph_decode_is_bit_identical_to_eager_decode_on_tiny_moe() {
         "the captured graph must serve every decode step"
     );
     assert!(g == eager, "graph decode differs from eager decode");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
+    let m = tiny_moe(WeightType::Q8_0);
+    let toks = prompt(&m, 70, 6);
+    let run = |launch: &str| -> (Vec<Vec<u32>>, u64) {
+        let text = format!("name = \"{launch}\"\nbase = \"main\"\ndecode_launch = \"{launch}\"\n");
+        let p = Profile::parse("decode-launch.toml", &text).expect("profile");
+        let mut e = cuda_with(&m, p, 128, 32, true);
+        e.forward(&toks[..29], LogitRows::None).expect("prefill");
+        let rows = toks[29..70]
+            .iter()
+            .map(|&t| {
+                let l = e.forward(&[t], LogitRows::Last).expect("decode");
+                l.row(0).iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        (rows, e.chained_launches())
+    };
+    let (plain, n_plain) = run("plain");
+    let (chained, n_chained) = run("chained");
+    let (dense, n_dense) = run("chained-dense");
+    assert_eq!(n_plain, 0);
+    // chained-dense keeps a mixture-of-experts model in stream order.
+    assert_eq!(n_dense, 0, "chained-dense chained a MoE model's launches");
+    assert!(n_chained > 0, "chained chained nothing");
+    assert!(chained == plain, "chained decode differs from plain decode");
+    assert!(
+        dense == plain,
+        "chained-dense decode differs from plain decode"
+    );
 }

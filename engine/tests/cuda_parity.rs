@@ -297,6 +297,46 @@ fn graph_decode_is_bit_identical_to_eager_decode() {
     assert!(g1 == eager, "graph decode differs from eager decode");
 }
 
+/// `main` with `decode_launch` set to `launch`.
+fn main_with_decode_launch(launch: &str) -> Profile {
+    let text = format!("name = \"{launch}\"\nbase = \"main\"\ndecode_launch = \"{launch}\"\n");
+    Profile::parse("decode-launch.toml", &text).expect("profile")
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chained_decode_launches_are_bit_identical_to_plain_ones() {
+    let m = e2b_shaped();
+    let toks = prompt(&m, 80, 5);
+    let run = |p: Profile| -> (Vec<Vec<u32>>, u64) {
+        let mut e = cuda_with(&m, p, 128, 32, true);
+        e.forward(&toks[..32], LogitRows::None).expect("prefill");
+        let rows = toks[32..80]
+            .iter()
+            .map(|&t| {
+                let l = e.forward(&[t], LogitRows::Last).expect("decode");
+                l.row(0).iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        (rows, e.chained_launches())
+    };
+    let (plain, n_plain) = run(main_with_decode_launch("plain"));
+    let (chained, n_chained) = run(main_with_decode_launch("chained"));
+    let (dense, n_dense) = run(main_with_decode_launch("chained-dense"));
+    assert_eq!(n_plain, 0, "decode_launch = plain chains nothing");
+    // E2B-shaped: 35 layers of about ten launches each, one capture; no
+    // MoE block, so chained-dense chains as much.
+    assert!(
+        n_chained > 300 && n_dense == n_chained,
+        "{n_chained} / {n_dense} chained launches"
+    );
+    assert!(chained == plain, "chained decode differs from plain decode");
+    assert!(
+        dense == plain,
+        "chained-dense decode differs from plain decode"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prefill_is_deterministic_run_to_run() {

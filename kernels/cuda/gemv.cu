@@ -100,11 +100,6 @@
 //   UNROLL  chunks per lane whose loads are in flight together: 1, 2, 4
 //   XSMEM   0 = activations read from global memory, 1 = staged in shared
 //           memory first (ALGO 0 only; k a multiple of 32)
-//   PREFETCH 128-byte lines of each of its rows a block asks L2 for before
-//           it waits for the grid ahead (0 = none; default 0). Only a
-//           chained launch (PDL) runs while that grid still works, so the
-//           prefetch overlaps it; launched plainly it only runs ahead of the
-//           first loads
 
 #ifndef WTYPE
 #error "gemv.cu needs WTYPE"
@@ -132,9 +127,6 @@
 #endif
 #ifndef XSMEM
 #error "gemv.cu needs XSMEM"
-#endif
-#ifndef PREFETCH
-#define PREFETCH 0
 #endif
 #if XSMEM && ALGO != 0
 #error "XSMEM=1 stages f32 activations: it needs ALGO=0"
@@ -253,19 +245,10 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[m][r][t] = 0.f;
-#if PREFETCH
-    // Before the wait of a chained launch: the first PREFETCH lines of the
-    // group's rows head for L2 while the grid ahead finishes.
-    if (active) {
-        prefetch_rows(wq, row0, ROWS, n, k, PREFETCH, slice * 32 + lane, 32 * KSPLIT);
-#if FUSE
-        prefetch_rows(wq2, row0, ROWS, n, k, PREFETCH, slice * 32 + lane, 32 * KSPLIT);
-#endif
-    }
-#endif
 #if ALGO == 2
-    // The first chunks of this lane's rows head for L2 while the block
-    // splits x, so the weight stream does not start from cold after it.
+    // The first chunks of this lane's rows head for L2 (before the wait of
+    // a chained launch, then while the block splits x), so the weight
+    // stream does not start from cold after it.
     if (active) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

@@ -60,36 +60,6 @@
 #define CWORDS 4
 #endif
 
-// Bytes of one weight row in `wq` (the quant plane, or GGUF blocks with
-// their scales inline): rows are contiguous, row r at r * quant_row_bytes(k).
-DEVI u64 quant_row_bytes(int k) {
-#if W16
-    return (u64)k * 2;
-#elif KQ
-    return (u64)k / 2;
-#elif LAYOUT == 1
-    return WTYPE == Q8_0 ? (u64)k : (u64)k / 2;
-#elif WTYPE == Q6_K
-    return (u64)(k / 256) * 210;
-#else
-    return (u64)(k / 32) * (WTYPE == Q8_0 ? 34 : 18);
-#endif
-}
-
-// Asks L2 for the first `lines` 128-byte lines of each of rows row0 ..
-// row0 + nrows - 1 (those below n) of `wq`, the work spread over `lanes`
-// threads of which this is thread `t`. Weights do not depend on the grid
-// ahead, so a chained launch issues this before it waits for that grid.
-DEVI void prefetch_rows(const u8* __restrict__ wq, int row0, int nrows, int n, int k, int lines, int t,
-                        int lanes) {
-    const u64 rb = quant_row_bytes(k);
-    const int per_row = min(lines, (int)((rb + 127) / 128));
-    for (int i = t; i < nrows * per_row; i += lanes) {
-        const int r = i / per_row;
-        if (row0 + r < n) prefetch_l2(wq + (u64)(row0 + r) * rb + (u64)(i - r * per_row) * 128);
-    }
-}
-
 // Q6_K on GGUF blocks: w holds the 32 6-bit quants (0..63) one per byte, d
 // and d2 the d * scale of the chunk's two 16-element groups. KQ: w holds
 // the group's 16 nibble bytes and h its high-bit words; d and d2 are

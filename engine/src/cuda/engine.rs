@@ -22,7 +22,7 @@ use super::weights::{self, DeviceWeights};
 use crate::config::{AttnKind, Gemma4Config};
 use crate::engine::EngineError;
 use crate::model::Model;
-use crate::profile::Profile;
+use crate::profile::{DecodeLaunch, Profile};
 use crate::tuned::TunedFile;
 use crate::work::RowWork;
 
@@ -95,9 +95,9 @@ pub struct CudaEngine<'m> {
     pub(super) pos: usize,
     pub(super) use_graph: bool,
     pub(super) graph: Option<Graph>,
-    /// Whether the captured decode step chains its launches (the profile's
+    /// How the captured decode step orders its launches (the profile's
     /// `decode_launch`), and the chain's state while it is captured.
-    pub(super) chain_decode: bool,
+    pub(super) decode_launch: DecodeLaunch,
     pub(super) chain: super::launch_chain::LaunchChain,
     pub(super) phases: std::cell::RefCell<Option<Phases>>,
     /// The phase timing while turned off (`set_phases`), kept with its
@@ -218,7 +218,7 @@ impl<'m> CudaEngine<'m> {
         let cache = KernelCache::new(None);
         let kernels = plan.load(&gpu, &cache).map_err(plan_err)?;
         gpu.synchronize().map_err(dev)?;
-        let chain_decode = planner.profile.chain_decode;
+        let decode_launch = planner.profile.decode_launch;
         Ok(CudaEngine {
             model,
             gpu,
@@ -233,7 +233,7 @@ impl<'m> CudaEngine<'m> {
             pos: 0,
             use_graph: opts.graph,
             graph: None,
-            chain_decode,
+            decode_launch,
             chain: Default::default(),
             phases: std::cell::RefCell::new(opts.phases.then(Phases::new)),
             parked_phases: None,
@@ -277,6 +277,11 @@ impl<'m> CudaEngine<'m> {
     }
     pub fn buffer_bytes(&self) -> u64 {
         self.b.bytes()
+    }
+    /// Kernel launches enqueued as programmatic dependents of the launch
+    /// before them (a chained decode step's, counted once per capture).
+    pub fn chained_launches(&self) -> u64 {
+        self.chain.chained()
     }
     /// Graph replays so far (tests assert decode replayed the graph).
     pub fn graph_replays(&self) -> u64 {
@@ -357,6 +362,25 @@ impl<'m> CudaEngine<'m> {
         for c in &self.conversions {
             v.push(format!("converted at load: {c}"));
         }
+        // In the "slot: kernel <- why" form, so `ab` lists it among the
+        // differing slots when the arms differ in it.
+        let chained = self.chains_decode();
+        v.push(format!(
+            "decode launches: {} <- profile {} (decode_launch = \"{}\"{}){}",
+            if chained { "chained" } else { "plain" },
+            self.planner.profile.name,
+            self.decode_launch.name(),
+            if self.decode_launch == DecodeLaunch::ChainedDense && !chained {
+                ": a mixture-of-experts model keeps stream order"
+            } else {
+                ""
+            },
+            if chained && info.cc.0 < 9 {
+                "; below sm_90 chained launches run in stream order"
+            } else {
+                ""
+            }
+        ));
         v.extend(self.plan.describe());
         v
     }

@@ -14,6 +14,7 @@ use super::stages::Rows;
 use crate::engine::{Engine, EngineError, PhaseTimes};
 use crate::forward::Chunk;
 use crate::model::Model;
+use crate::profile::DecodeLaunch;
 use crate::step_bytes::StepReads;
 
 impl CudaEngine<'_> {
@@ -284,12 +285,21 @@ impl CudaEngine<'_> {
     /// The launches of a one-token decode step (captured once), chained
     /// when the profile asks (`launch_chain`).
     fn decode_body(&self) -> Result<(), EngineError> {
-        if self.chain_decode {
+        if self.chains_decode() {
             self.chain.begin();
         }
         let r = self.decode_launches();
         self.chain.end();
         r
+    }
+
+    /// Whether this model's decode step is chained (`DecodeLaunch`).
+    pub(super) fn chains_decode(&self) -> bool {
+        match self.decode_launch {
+            DecodeLaunch::Plain => false,
+            DecodeLaunch::Chained => true,
+            DecodeLaunch::ChainedDense => self.model.config().moe.is_none(),
+        }
     }
 
     /// The one-row bucket, every layer, the head.

@@ -23,6 +23,7 @@ use std::cell::Cell;
 pub struct LaunchChain {
     on: Cell<bool>,
     after_kernel: Cell<bool>,
+    chained: Cell<u64>,
 }
 
 impl LaunchChain {
@@ -42,7 +43,12 @@ impl LaunchChain {
     pub fn next_launch(&self) -> bool {
         let chained = self.on.get() && self.after_kernel.get();
         self.after_kernel.set(true);
+        self.chained.set(self.chained.get() + u64::from(chained));
         chained
+    }
+    /// Launches enqueued as chained so far (each capture counts once).
+    pub fn chained(&self) -> u64 {
+        self.chained.get()
     }
     /// A kernel was launched by other means (the attention's own sequence).
     pub fn kernel_launched(&self) {
@@ -72,5 +78,6 @@ mod tests {
         assert!(c.next_launch());
         c.end();
         assert!(!c.next_launch(), "ended: plain");
+        assert_eq!(c.chained(), 2);
     }
 }

@@ -180,12 +180,7 @@ impl Planner {
             if let (Some(t), Problem::Matmul(mp)) = (&self.tuned, p) {
                 let wt = mp.wtype.name().to_ascii_uppercase();
                 if let Some(e) = t.lookup(fam.name(), mp.m, mp.n, mp.k, &wt) {
-                    // The entry's defines over the profile's: an entry names
-                    // every define its variant's sweep set, so what stays from
-                    // the profile is only what no tune measured (a GEMV's
-                    // PREFETCH, which only a chained launch can use).
-                    let mut td = defines.clone();
-                    td.extend(e.defines.clone());
+                    let mut td: Defines = e.defines.clone().into_iter().collect();
                     td.insert("WTYPE".into(), DefineValue::Str(wt.clone()));
                     if fam.validate(&td, p, &self.limits).is_ok() {
                         defines = td;

@@ -39,7 +39,7 @@ use anyhow::{bail, Context};
 use gemtune::results::BenchRow;
 use gemtune_engine::config::Gemma4Config;
 use gemtune_engine::engine::{Engine, PhaseTimes};
-use gemtune_engine::forward::LogitRows;
+use gemtune_engine::forward::{LogitRows, Logits};
 use gemtune_engine::model::Model;
 use gemtune_engine::synth::{synth_to_file, SynthOptions, SynthVariant, WeightType};
 use gemtune_engine::work::{forward_work, RowWork};
@@ -167,9 +167,11 @@ fn run_once(
     let mut tg = 0.0;
     if n_gen > 0 {
         let toks = random_tokens(rng, n_gen, vocab);
+        // One logits row reused by every step, as a decode loop keeps it.
+        let mut logits = Logits::default();
         let t = Instant::now();
         for &tok in &toks {
-            e.forward(&[tok], LogitRows::Last)?;
+            e.forward_into(&[tok], LogitRows::Last, &mut logits)?;
         }
         tg = t.elapsed().as_secs_f64();
     }
@@ -739,9 +741,10 @@ fn worker_bench(
     let pp_phases = e.take_phases();
     if g > 0 {
         let toks = random_tokens(rng, g, vocab);
+        let mut logits = Logits::default();
         let t = Instant::now();
         for &tok in &toks {
-            e.forward(&[tok], LogitRows::Last)?;
+            e.forward_into(&[tok], LogitRows::Last, &mut logits)?;
         }
         let s = t.elapsed().as_secs_f64();
         v["tg_ms"] = serde_json::json!(s * 1e3);

@@ -210,10 +210,6 @@ impl Family for Gemv {
         let warps = int_range(d, "WARPS", 1, 32)?;
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
         let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
-        if d.contains_key("PREFETCH") {
-            // Lines per row asked of L2 before the wait (gemv.cu).
-            int_range(d, "PREFETCH", 0, 1024)?;
-        }
         let kquant = matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K);
         if kquant && (algo == 1 || algo == 3) && rows * unroll >= 16 {
             // A k-quant chunk keeps 6 (Q4_K), 7 (Q5_K) or 8 (Q6_K) words
