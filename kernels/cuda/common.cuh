@@ -96,15 +96,15 @@ DEVI void pdl_await_prior() {
 #endif
 }
 // The prologue of every kernel without a protocol of its own: the engine
-// chains a decode step's launches (profile key `decode_launch = "chained"`),
-// each a programmatic dependent of the one before, so a kernel must wait
-// before it touches memory; and since a grid's completion stands for its
+// chains a decode step's launches (profile key `decode_launch`), each a
+// programmatic dependent of the one before, so a kernel must wait before it
+// touches memory; and since a grid's completion stands for its
 // predecessors' only if it waited for them, the wait comes before any early
 // return. Releasing right after the wait lets the next launch's CTAs become
-// resident (and start what does not depend on this grid, e.g. a GEMV's
-// weight prefetch) while this grid runs. A kernel that does work before the
-// wait (the GEMV's L2 prefetch, the decode attention's older keys) calls the
-// two halves itself.
+// resident (and start what does not depend on this grid) while this grid
+// runs. Work before the wait may touch only what no earlier grid of the
+// step writes (the weights: the split-activation GEMV's first L2
+// prefetches; the cache's older keys: the decode attention's copies).
 DEVI void pdl_enter() {
     pdl_await_prior();
     pdl_release_dependents();

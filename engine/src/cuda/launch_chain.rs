@@ -9,8 +9,9 @@
 //! source begins with that wait (`pdl_enter`, kernels/cuda/common.cuh), so
 //! the arithmetic and the order of every read and write are those of plain
 //! stream order; what overlaps the grid ahead is the launch itself, the
-//! blocks' start-up, and work that reads nothing it writes (a GEMV's L2
-//! prefetch of its weights, `PREFETCH`).
+//! blocks' start-up, and work that reads nothing it writes (the decode
+//! attention's copies of the cache's older keys, the split-activation
+//! GEMV's first L2 prefetches).
 //!
 //! A grid's completion stands for its predecessors' only because it waited
 //! for them, so the chain holds only across kernels: after any other stream
