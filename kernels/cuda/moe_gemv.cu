@@ -33,13 +33,17 @@
 // multiplied with fp32 FMA on the f32 activations.
 //
 // Grid: GATE_UP (ceil(ffn / (WARPS*ROWS)), min(E, NT*K)); DOWN
-// (ceil(d / (WARPS*ROWS)), 1); block WARPS*32 threads. Warp w of block b
-// owns ROWS consecutive rows from (b*WARPS + w)*ROWS. GATE_UP: its lanes
-// walk the row's chunks lane, lane+32, ...; DOWN: its lanes walk the units
+// (ceil(d / ((WARPS/KSPLIT)*ROWS)), 1); block WARPS*32 threads. GATE_UP:
+// warp w of block b owns ROWS consecutive rows from (b*WARPS + w)*ROWS and
+// its lanes walk the row's chunks lane, lane+32, .... DOWN: the warps form
+// WARPS/KSPLIT groups of KSPLIT; group g of block b owns ROWS rows from
+// (b*(WARPS/KSPLIT) + g)*ROWS, and lane l of its warp s walks the units
 // u*nchunks + c (distinct expert u in grouping order, chunk c of that
-// expert's row) the same way, so the step's experts form one stream per
-// row. Each lane loads UNROLL chunks (units) of its ROWS rows before using
-// any; shuffles reduce. Every output element is written exactly once.
+// expert's row) s*32 + l, stepping 32*KSPLIT, so the step's experts form
+// one stream per row, split over the group's warps. Each lane loads UNROLL
+// chunks (units) of its ROWS rows before using any; shuffles reduce each
+// warp and, with KSPLIT > 1, the group's partial sums meet in shared memory
+// (slice order). Every output element is written exactly once.
 // Contract: fp (reassociated f32 sums of exactly dequantized weights;
 // GELU in f32 with tanhf).
 //
@@ -56,6 +60,8 @@
 //   WARPS        warps per block: 1, 2, 4, 8
 //   UNROLL       chunks (DOWN: units) per lane loaded together: 1, 2, 4, 8
 //                (GATE_UP: ROWS*UNROLL <= 8, DOWN: <= 16; the register budget)
+//   KSPLIT       DOWN: warps sharing one group of rows, each walking every
+//                KSPLIT-th 32 units: 1, 2, 4, 8, dividing WARPS (GATE_UP: 1)
 //   COUNT_BYTES  0 | 1: count the weight bytes read per expert into count[]
 
 #ifndef WTYPE
@@ -78,6 +84,9 @@
 #endif
 #ifndef COUNT_BYTES
 #error "moe_gemv.cu needs COUNT_BYTES"
+#endif
+#ifndef KSPLIT
+#error "moe_gemv.cu needs KSPLIT"
 #endif
 
 #define GATE_UP 1
@@ -105,6 +114,12 @@
 #endif
 #if UNROLL != 1 && UNROLL != 2 && UNROLL != 4 && UNROLL != 8
 #error "moe_gemv.cu: UNROLL must be 1, 2, 4 or 8"
+#endif
+#if KSPLIT != 1 && KSPLIT != 2 && KSPLIT != 4 && KSPLIT != 8
+#error "moe_gemv.cu: KSPLIT must be 1, 2, 4 or 8"
+#endif
+#if WARPS % KSPLIT != 0 || (STAGE == GATE_UP && KSPLIT != 1)
+#error "moe_gemv.cu: KSPLIT must divide WARPS (and be 1 for GATE_UP)"
 #endif
 #if ROWS * UNROLL > (STAGE == GATE_UP ? 8 : 16)
 #error "moe_gemv.cu: ROWS * UNROLL over the register budget (GATE_UP 8, DOWN 16)"
@@ -301,8 +316,13 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     pdl_enter();
     group_experts<NT>(ids, n_experts, n_used, g);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
-    if (row0 >= d) return;
+    const int group = warp / KSPLIT, slice = warp % KSPLIT;
+    const int row0 = (blockIdx.x * (WARPS / KSPLIT) + group) * ROWS;
+    // Groups past the end still reach the barrier below (KSPLIT > 1).
+    const bool active = row0 < d;
+#if KSPLIT == 1
+    if (!active) return;
+#endif
     float acc[ROWS][NT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -314,9 +334,10 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     // stream (44 chunks of Q8_0 planes at 26B-A4B's 704), so walking the
     // experts' rows as one stream keeps every lane busy. UNROLL units x ROWS
     // rows are loaded before any is used.
-    const int nunits = g.n * nchunks;
-    int uu = lane / nchunks, cc = lane % nchunks;  // the unit of q = q0
-    for (int q0 = lane; q0 < nunits; q0 += 32 * UNROLL) {
+    const int nunits = active ? g.n * nchunks : 0;
+    const int first = slice * 32 + lane;
+    int uu = first / nchunks, cc = first % nchunks;  // the unit of q = q0
+    for (int q0 = first; q0 < nunits; q0 += 32 * KSPLIT * UNROLL) {
         Chunk ch[UNROLL][ROWS];
         int un[UNROLL], cn[UNROLL];
 #pragma unroll
@@ -328,7 +349,7 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
             const int c = uu < g.n ? cc : nchunks - 1;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) ch[v][r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
-            cc += 32;
+            cc += 32 * KSPLIT;
             while (cc >= nchunks) {
                 cc -= nchunks;
                 ++uu;
@@ -351,7 +372,8 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
         }
     }
 #if COUNT_BYTES
-    if (lane == 0)
+    // The group's slices read disjoint units of the same rows: counted once.
+    if (lane == 0 && slice == 0 && active)
         for (int u = 0; u < g.n; ++u) atomicAdd(count + g.expert[u], (u64)min(ROWS, d - row0) * row_bytes(ffn));
 #else
     (void)count;
@@ -360,6 +382,25 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+#if KSPLIT > 1
+    __shared__ float red[WARPS][ROWS * NT];
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) red[warp][r * NT + t] = acc[r][t];
+    }
+    __syncthreads();
+    if (slice != 0 || !active) return;
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 1; s < KSPLIT; ++s)
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) acc[r][t] += red[warp + s][r * NT + t];
+    }
+#endif
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {

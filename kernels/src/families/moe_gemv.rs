@@ -280,6 +280,7 @@ impl Family for MoeGemv {
             ("ROWS", 1i64),
             ("WARPS", 4),
             ("UNROLL", 1),
+            ("KSPLIT", 1),
             ("COUNT_BYTES", 0),
         ]);
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
@@ -311,6 +312,15 @@ impl Family for MoeGemv {
         let rows = int_in(d, "ROWS", &[1, 2, 4])?;
         let warps = int_in(d, "WARPS", &[1, 2, 4, 8])?;
         let unroll = int_in(d, "UNROLL", &[1, 2, 4, 8])?;
+        let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
+        if warps % ksplit != 0 {
+            return Err(format!("KSPLIT={ksplit} does not divide WARPS={warps}"));
+        }
+        if stage == Stage::GateUp && ksplit != 1 {
+            return Err(format!(
+                "KSPLIT={ksplit}: GATE_UP's warps each own their rows (KSPLIT applies to DOWN)"
+            ));
+        }
         // The chunks a lane holds at once: GATE_UP loads a gate and an up
         // chunk per row, DOWN one per row.
         let budget = match stage {
@@ -368,7 +378,7 @@ impl Family for MoeGemv {
         Ok(LaunchGeometry {
             kernel: format!("{kernel}{}", mp.tokens),
             grid: (
-                grid_x.div_ceil((warps * rows) as usize) as u32,
+                grid_x.div_ceil((warps / ksplit * rows) as usize) as u32,
                 grid_y as u32,
                 1,
             ),
@@ -634,6 +644,10 @@ mod tests {
         let g = f.validate(&down, &p, &lim).expect("down");
         assert_eq!(g.kernel, "moe_gemv_down_n8");
         assert_eq!(g.grid, (352, 1, 1));
+        // KSPLIT warps share each group of rows: 4 warps, 2 groups of 2.
+        let split = with(&down, &[("KSPLIT", 2i64.into())]);
+        let g = f.validate(&split, &p, &lim).expect("down, split");
+        assert_eq!((g.grid, g.block), ((704, 1, 1), (128, 1, 1)));
         // Few experts: one group per expert at most.
         let g = f
             .validate(&d, &prob(8, 8, 2, 256, 96, GgmlType::Q8_0), &lim)
@@ -694,6 +708,14 @@ mod tests {
         bad(&with(&d, &[("ROWS", 3i64.into())]), p, "ROWS=3");
         bad(&with(&d, &[("WARPS", 16i64.into())]), p, "WARPS=16");
         bad(&with(&d, &[("UNROLL", 3i64.into())]), p, "UNROLL=3");
+        bad(&with(&d, &[("KSPLIT", 2i64.into())]), p, "applies to DOWN");
+        let down = with(&d, &[("STAGE", "DOWN".into())]);
+        bad(&with(&down, &[("KSPLIT", 3i64.into())]), p, "KSPLIT=3");
+        bad(
+            &with(&down, &[("KSPLIT", 8i64.into())]),
+            p,
+            "does not divide WARPS=4",
+        );
         bad(
             &with(&d, &[("ROWS", 4i64.into()), ("UNROLL", 4i64.into())]),
             p,
