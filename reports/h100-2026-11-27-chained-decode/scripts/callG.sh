@@ -10,10 +10,10 @@ tar -xJf .gpubase/stage.tar.xz -C . || exit 4
 . scripts/gpu-call.sh 585
 pack() { tar -C "$OUT" -czf "$OUT/callG.tgz" r; }
 P=reports/h100-2026-11-27-chained-decode/scripts
-gpu_check moe_gemv 60 --variant 'down-ksplit*' --variant down-rows2 --variant down-count
+gpu_check moe_gemv 60 --variants-dir .gpubase/variants --variant 'down-ksplit*' --variant down-rows2 --variant down-count
 pack
 T="--budget-ms 40 --min-reps 20 --max-reps 100 --regime dram --no-reference"
-s=$SECONDS; timeout 150 gemtune tune moe_gemv --shape moe_gemv.a4b_q8 --tokens 1 --variant 'down*' $T --out "$R/tune-moe_gemv-down" > "$R/tune-moe_gemv-down.txt" 2>&1
+s=$SECONDS; timeout 150 gemtune tune moe_gemv --variants-dir .gpubase/variants --shape moe_gemv.a4b_q8 --tokens 1 --variant 'down*' $T --out "$R/tune-moe_gemv-down" > "$R/tune-moe_gemv-down.txt" 2>&1
 echo "tune moe_gemv down rc=$? $((SECONDS - s)) s"; rm -f "$R"/tune-moe_gemv-down/*.png; grep -A12 -i "best" "$R/tune-moe_gemv-down/summary.md" | head -30
 pack
 ab() {
