@@ -60,8 +60,9 @@
 //   WARPS        warps per block: 1, 2, 4, 8
 //   UNROLL       chunks (DOWN: units) per lane loaded together: 1, 2, 4, 8
 //                (GATE_UP: ROWS*UNROLL <= 8, DOWN: <= 16; the register budget)
-//   KSPLIT       DOWN: warps sharing one group of rows, each walking every
-//                KSPLIT-th 32 units: 1, 2, 4, 8, dividing WARPS (GATE_UP: 1)
+//   KSPLIT       DOWN: warps sharing one group of rows, each walking one
+//                32-unit stretch in turn: 1, 2, 4, 8, dividing WARPS
+//                (GATE_UP: 1)
 //   COUNT_BYTES  0 | 1: count the weight bytes read per expert into count[]
 
 #ifndef WTYPE
