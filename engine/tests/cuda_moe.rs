@@ -22,12 +22,11 @@
 #[path = "common/engines.rs"]
 mod engines;
 
-use engines::{compare_engines, cuda, cuda_with, prompt};
+use engines::{compare_engines, cuda, decode_bits_with_launch, prompt};
 use gemtune_engine::engine::Engine;
 use gemtune_engine::forward::LogitRows;
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
-use gemtune_engine::profile::Profile;
 use gemtune_engine::synth::{self, SynthModel, SynthOptions, SynthVariant, WeightType};
 
 fn tiny_moe(w: WeightType) -> Model {
@@ -200,20 +199,7 @@ fn graph_decode_is_bit_identical_to_eager_decode_on_tiny_moe() {
 fn chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
     let m = tiny_moe(WeightType::Q8_0);
     let toks = prompt(&m, 70, 6);
-    let run = |launch: &str| -> (Vec<Vec<u32>>, u64) {
-        let text = format!("name = \"{launch}\"\nbase = \"main\"\ndecode_launch = \"{launch}\"\n");
-        let p = Profile::parse("decode-launch.toml", &text).expect("profile");
-        let mut e = cuda_with(&m, p, 128, 32, true);
-        e.forward(&toks[..29], LogitRows::None).expect("prefill");
-        let rows = toks[29..70]
-            .iter()
-            .map(|&t| {
-                let l = e.forward(&[t], LogitRows::Last).expect("decode");
-                l.row(0).iter().map(|v| v.to_bits()).collect()
-            })
-            .collect();
-        (rows, e.chained_launches())
-    };
+    let run = |launch: &str| decode_bits_with_launch(&m, launch, &toks, 29);
     let (plain, n_plain) = run("plain");
     let (chained, n_chained) = run("chained");
     let (dense, n_dense) = run("chained-dense");

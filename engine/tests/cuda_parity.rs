@@ -28,7 +28,8 @@
 mod engines;
 
 use engines::{
-    agreement, compare_engines, compare_engines_with, cpu, cuda, cuda_with, prompt, rms_rel,
+    agreement, compare_engines, compare_engines_with, cpu, cuda, cuda_with,
+    decode_bits_with_launch, prompt, rms_rel,
 };
 use gemtune_engine::cuda::{CudaEngine, CudaOptions};
 use gemtune_engine::engine::Engine;
@@ -297,32 +298,15 @@ fn graph_decode_is_bit_identical_to_eager_decode() {
     assert!(g1 == eager, "graph decode differs from eager decode");
 }
 
-/// `main` with `decode_launch` set to `launch`.
-fn main_with_decode_launch(launch: &str) -> Profile {
-    let text = format!("name = \"{launch}\"\nbase = \"main\"\ndecode_launch = \"{launch}\"\n");
-    Profile::parse("decode-launch.toml", &text).expect("profile")
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn chained_decode_launches_are_bit_identical_to_plain_ones() {
     let m = e2b_shaped();
     let toks = prompt(&m, 80, 5);
-    let run = |p: Profile| -> (Vec<Vec<u32>>, u64) {
-        let mut e = cuda_with(&m, p, 128, 32, true);
-        e.forward(&toks[..32], LogitRows::None).expect("prefill");
-        let rows = toks[32..80]
-            .iter()
-            .map(|&t| {
-                let l = e.forward(&[t], LogitRows::Last).expect("decode");
-                l.row(0).iter().map(|v| v.to_bits()).collect()
-            })
-            .collect();
-        (rows, e.chained_launches())
-    };
-    let (plain, n_plain) = run(main_with_decode_launch("plain"));
-    let (chained, n_chained) = run(main_with_decode_launch("chained"));
-    let (dense, n_dense) = run(main_with_decode_launch("chained-dense"));
+    let run = |launch: &str| decode_bits_with_launch(&m, launch, &toks, 32);
+    let (plain, n_plain) = run("plain");
+    let (chained, n_chained) = run("chained");
+    let (dense, n_dense) = run("chained-dense");
     assert_eq!(n_plain, 0, "decode_launch = plain chains nothing");
     // E2B-shaped: 35 layers of about ten launches each, one capture; no
     // MoE block, so chained-dense chains as much.

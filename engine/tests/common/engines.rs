@@ -44,6 +44,30 @@ pub fn cuda_with(
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU and NVRTC: {e}"))
 }
 
+/// Graph decode of `toks[prefill..]` after a prefill of `toks[..prefill]`
+/// under `main` with `decode_launch = launch`: every step's logits as bits,
+/// and the launches the engine chained.
+pub fn decode_bits_with_launch(
+    model: &Model,
+    launch: &str,
+    toks: &[u32],
+    prefill: usize,
+) -> (Vec<Vec<u32>>, u64) {
+    let text = format!("name = \"{launch}\"\nbase = \"main\"\ndecode_launch = \"{launch}\"\n");
+    let p = Profile::parse("decode-launch.toml", &text).expect("profile");
+    let mut e = cuda_with(model, p, 128, 32, true);
+    e.forward(&toks[..prefill], LogitRows::None)
+        .expect("prefill");
+    let rows = toks[prefill..]
+        .iter()
+        .map(|&t| {
+            let l = e.forward(&[t], LogitRows::Last).expect("decode");
+            l.row(0).iter().map(|v| v.to_bits()).collect()
+        })
+        .collect();
+    (rows, e.chained_launches())
+}
+
 pub fn cpu(model: &Model, max_seq: usize) -> CpuEngine<'_> {
     CpuEngine::new(
         model,
