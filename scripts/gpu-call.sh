@@ -6,6 +6,7 @@
 #   . scripts/gpu-call.sh 570        # seconds this call may spend
 #   gpu_test cuda_parity 150 [FILTER]  # a staged test binary, ignored tests included
 #   gpu_check gemv 120 [ARGS]          # gemtune check FAMILY into $R
+#   gpu_ab NAME BASE CAND 90 10 MODEL 512  # gemtune ab into $R/ab-NAME
 #
 # Results go to $R ($OUT/r); `gpu_left` is the time left. Every step takes
 # at most its own timeout and the time left, and is skipped with a line
@@ -48,4 +49,18 @@ gpu_check() {
     echo "check $f rc=$? $((SECONDS - s))s"
     tail -2 "$R/check-$f.txt"
     cp "/tmp/chk-$f/check.csv" "$R/check-$f.csv" 2>/dev/null
+}
+
+# gpu_ab NAME BASELINE CANDIDATE TIMEOUT REPS MODEL PROMPT: `gemtune ab`
+# (decode tg128 after a PROMPT-token prefill) into $R/ab-NAME; skipped with
+# a line when less than TIMEOUT is left. Worker logs and plots are dropped.
+gpu_ab() {
+    local name=$1 base=$2 cand=$3 to=$4 reps=$5 m=$6 p=$7
+    [ "$(gpu_left)" -lt "$to" ] && { echo "ab $name: skipped (time)"; return; }
+    local s=$SECONDS
+    timeout "$to" gemtune ab --reps "$reps" --quiet --out "$R/ab-$name" --baseline "$base" \
+        --candidate "$cand" -m "$m" -p "$p" -n 128 >"$R/ab-$name.txt" 2>"$R/ab-$name.log"
+    echo "== ab $name: exit $? in $((SECONDS - s)) s"
+    cat "$R/ab-$name.txt"
+    rm -f "$R"/ab-"$name"/worker-*.log "$R"/ab-"$name"/*.png
 }
