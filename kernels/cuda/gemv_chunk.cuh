@@ -33,6 +33,16 @@
 #define XLD4(p) __ldg(reinterpret_cast<const float4*>(p))
 #endif
 
+// Where ALGO 1's Q8_1 activations are read: global memory through the
+// read-only cache by default; an includer that stages them in shared memory
+// (moe_gemv.cu with ALGO=1) defines GEMV_Q8_SHARED first, and they are read
+// with plain loads.
+#ifdef GEMV_Q8_SHARED
+#define Q8LD(T, p) (*reinterpret_cast<const T*>(p))
+#else
+#define Q8LD(T, p) __ldg(reinterpret_cast<const T*>(p))
+#endif
+
 // KQ: a k-quant read from its planes (nibbles + side records).
 #define KQ (IS_KQUANT(WTYPE) && LAYOUT == 1)
 #define W16 IS_W16(WTYPE)
@@ -291,8 +301,10 @@ DEVI float chunk_dot(const Chunk& ch, const float* __restrict__ xr, int e) {
 
 // Groups of split_rows in flight per warp: their loads are issued before
 // any of their math, so a warp waits for L2 once per GEMV_SPLIT_BATCH
-// groups.
+// groups (an includer may set its own before including this file).
+#ifndef GEMV_SPLIT_BATCH
 #define GEMV_SPLIT_BATCH 8
+#endif
 
 // Writes the split of x[nt][k] (k a multiple of 32) into out[nt * k/32]:
 // a warp per group, a lane per element, the groups strided over the
@@ -336,6 +348,7 @@ DEVI void split_rows(const float* __restrict__ x, XSplit* out, int nt, int k) {
     }
 }
 
+#if KQ
 // The chunk's (one k-quant group's) dot with one token's split group a:
 // sum_i x_i w_i with x_i = d1 q1_i + d2 q2_i, two integer dots per word.
 // Q4_K / Q5_K: d*sc * (d1 dot1 + d2 dot2) - dmin*m * (d1 s1 + d2 s2);
@@ -374,10 +387,48 @@ DEVI float chunk_dot_split(const Chunk& ch, const XSplit& a) {
     return fmaf(ch.d, fmaf(a.d1, (float)dot1, a.d2 * (float)dot2), -ch.d2 * sx);
 #endif
 }
+#elif WTYPE == Q8_0 || WTYPE == Q4_0
+// A Q8_0 or Q4_0 chunk's dot with one token's split group a, `at` the
+// chunk's first element inside the group (16 for the second 16-element
+// chunk of a Q8_0 plane row, else 0): d * (d1 dot1 + d2 dot2). Q4_0's
+// nibbles pair elements j (low) and j + 16 (high); its offset 8 comes off
+// through the exact sums, dot - 8 s, as in the Q8_1 form.
+DEVI float chunk_dot_split(const Chunk& ch, const XSplit& a, int at) {
+    int dot1 = 0, dot2 = 0;
+#if WTYPE == Q8_0
+#pragma unroll
+    for (int i = 0; i < CWORDS; i += 4) {
+        const int4 x1 = a.q1[at / 16 + i / 4], x2 = a.q2[at / 16 + i / 4];
+        const int v1[4] = {x1.x, x1.y, x1.z, x1.w}, v2[4] = {x2.x, x2.y, x2.z, x2.w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            dot1 = dp4a((int)ch.w[i + t], v1[t], dot1);
+            dot2 = dp4a((int)ch.w[i + t], v2[t], dot2);
+        }
+    }
+#else
+    (void)at;
+    const int4 a1l = a.q1[0], a1h = a.q1[1], a2l = a.q2[0], a2h = a.q2[1];
+    const int x1l[4] = {a1l.x, a1l.y, a1l.z, a1l.w}, x1h[4] = {a1h.x, a1h.y, a1h.z, a1h.w};
+    const int x2l[4] = {a2l.x, a2l.y, a2l.z, a2l.w}, x2h[4] = {a2h.x, a2h.y, a2h.z, a2h.w};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const int lo = (int)(ch.w[t] & 0x0F0F0F0Fu), hi = (int)((ch.w[t] >> 4) & 0x0F0F0F0Fu);
+        dot1 = dp4a(lo, x1l[t], dot1);
+        dot1 = dp4a(hi, x1h[t], dot1);
+        dot2 = dp4a(lo, x2l[t], dot2);
+        dot2 = dp4a(hi, x2h[t], dot2);
+    }
+    dot1 -= 8 * a.s1;
+    dot2 -= 8 * a.s2;
+#endif
+    return ch.d * fmaf(a.d1, (float)dot1, a.d2 * (float)dot2);
+}
+#endif
 #else
 // Integer dot of the chunk with the Q8_1 activations of one token, scaled.
 DEVI float chunk_dot_q8(const Chunk& ch, const i8* __restrict__ xqr, const float2* __restrict__ xdsr, int e) {
-    const float2 ds = __ldg(xdsr + e / 32);
+    const float2 ds = Q8LD(float2, xdsr + e / 32);
 #if KQ
     // The group is one Q8_1 block: elements 0..15 pair with the low
     // nibble words, 16..31 with the high ones.
@@ -386,8 +437,8 @@ DEVI float chunk_dot_q8(const Chunk& ch, const i8* __restrict__ xqr, const float
 #else
     const u32* h = ch.h;
 #endif
-    const int4 al = __ldg(reinterpret_cast<const int4*>(xqr + e));
-    const int4 ah = __ldg(reinterpret_cast<const int4*>(xqr + e + 16));
+    const int4 al = Q8LD(int4, xqr + e);
+    const int4 ah = Q8LD(int4, xqr + e + 16);
     const int as_lo[4] = {al.x, al.y, al.z, al.w};
     const int as_hi[4] = {ah.x, ah.y, ah.z, ah.w};
 #if WTYPE == Q6_K
@@ -415,15 +466,15 @@ DEVI float chunk_dot_q8(const Chunk& ch, const i8* __restrict__ xqr, const float
 #if WTYPE == Q8_0
 #pragma unroll
     for (int i = 0; i < CWORDS; i += 4) {
-        const int4 a = __ldg(reinterpret_cast<const int4*>(xqr + e + 4 * i));
+        const int4 a = Q8LD(int4, xqr + e + 4 * i);
         dot = dp4a((int)ch.w[i + 0], a.x, dot);
         dot = dp4a((int)ch.w[i + 1], a.y, dot);
         dot = dp4a((int)ch.w[i + 2], a.z, dot);
         dot = dp4a((int)ch.w[i + 3], a.w, dot);
     }
 #else
-    const int4 al = __ldg(reinterpret_cast<const int4*>(xqr + e));
-    const int4 ah = __ldg(reinterpret_cast<const int4*>(xqr + e + 16));
+    const int4 al = Q8LD(int4, xqr + e);
+    const int4 ah = Q8LD(int4, xqr + e + 16);
     dot = dp4a((int)(ch.w[0] & 0x0F0F0F0Fu), al.x, dot);
     dot = dp4a((int)(ch.w[1] & 0x0F0F0F0Fu), al.y, dot);
     dot = dp4a((int)(ch.w[2] & 0x0F0F0F0Fu), al.z, dot);

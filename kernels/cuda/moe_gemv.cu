@@ -29,8 +29,26 @@
 // of the dense GEMV (gemv.cu, gemv_chunk.cuh): LAYOUT 0 GGUF blocks (Q8_0,
 // Q4_0, Q6_K; F16 / BF16 values), LAYOUT 1 planes (Q8_0 / Q4_0 quant and
 // f16 scale planes; Q4_K / Q5_K / Q6_K nibble plane and GEMV side records;
-// F16 / BF16 values). Every row is dequantized exactly (ggml's values) and
-// multiplied with fp32 FMA on the f32 activations.
+// F16 / BF16 values).
+//
+// Arithmetic (ALGO): 0 = every weight dequantized exactly (ggml's values)
+// and multiplied with fp32 FMA on the f32 activations (contract fp). 1 =
+// each block first quantizes the activations it reads into Q8_1 in shared
+// memory (quantize_q8_1.cu's rule: per 32 values d = amax / 127, q =
+// roundf(x / d), the sum of the q), then takes dp4a dot products of the
+// integer weights with them, scaled per 32 (gemv_chunk.cuh's ALGO 1;
+// contract approx, replayed exactly by the CPU on the same Q8_1 values).
+// 2 = the same with split Q8 activations (q8_split.cuh: two int8 planes
+// per 32 values, x ~ d1 q1 + d2 q2, about 15 bits; gemv.cu ALGO 2's
+// rule, written by split_write4) and two dp4a per weight word (contract
+// approx at the split's 1e-4, replayed on the same records' values).
+// The FMA form reads 4 bytes of activations per weight from L1, 64 bytes
+// for a lane's 16-byte weight chunk, and converts every weight; the dp4a
+// forms read 16 (Q8_1) or 32 (split) bytes from shared memory per chunk and
+// convert nothing. GATE_UP quantizes x [NT][d], DOWN all NT*K rows of h,
+// each block the whole of it, with the loads of several stretches per
+// warp in flight before any is converted. Weight types: Q8_0, Q4_0 (either
+// layout) and Q4_K / Q5_K / Q6_K planes.
 //
 // Grid: GATE_UP (ceil(ffn / (WARPS*ROWS)), min(E, NT*K)); DOWN
 // (ceil(d / ((WARPS/KSPLIT)*ROWS)), 1); block WARPS*32 threads. GATE_UP:
@@ -44,8 +62,9 @@
 // chunks (units) of its ROWS rows before using any; shuffles reduce each
 // warp and, with KSPLIT > 1, the group's partial sums meet in shared memory
 // (slice order). Every output element is written exactly once.
-// Contract: fp (reassociated f32 sums of exactly dequantized weights;
-// GELU in f32 with tanhf).
+// Contract: ALGO 0 fp (reassociated f32 sums of exactly dequantized
+// weights; GELU in f32 with tanhf); ALGO 1 and 2 approx (the Q8_1 or split
+// activations), tight against the CPU replay on the same values.
 //
 // COUNT_BYTES = 1 (tests): each warp adds, per expert, the device bytes of
 // the weight rows it reads (the rows it owns, quants and scales) to
@@ -64,6 +83,9 @@
 //                32-unit stretch in turn: 1, 2, 4, 8, dividing WARPS
 //                (GATE_UP: 1)
 //   COUNT_BYTES  0 | 1: count the weight bytes read per expert into count[]
+//   ALGO         0 = f32 activations, FMA; 1 = Q8_1 activations made per
+//                block in dynamic shared memory (5/4 byte per value), dp4a;
+//                2 = split Q8 records made per block (5/2 byte per value)
 
 #ifndef WTYPE
 #error "moe_gemv.cu needs WTYPE"
@@ -89,14 +111,26 @@
 #ifndef KSPLIT
 #error "moe_gemv.cu needs KSPLIT"
 #endif
+#ifndef ALGO
+#error "moe_gemv.cu needs ALGO"
+#endif
 
 #define GATE_UP 1
 #define DOWN 2
-// f32 activations: the chunk dot products of gemv_chunk.cuh's ALGO 0.
-#define ALGO 0
 
 #include "common.cuh"
 #include "kquant.cuh"
+// Included here, outside the ALGO conditionals below: the source table
+// inlines each file once, at its first #include (act_out.cuh's under
+// ALGO 1 would hide it from ALGO 2).
+#include "q8_split.cuh"
+
+#if ALGO != 0 && ALGO != 1 && ALGO != 2
+#error "moe_gemv.cu: ALGO must be 0 (f32, FMA), 1 (Q8_1, dp4a) or 2 (split Q8, dp4a)"
+#endif
+#if ALGO != 0 && (IS_W16(WTYPE) || (WTYPE == Q6_K && LAYOUT == 0))
+#error "moe_gemv.cu: ALGO 1 and 2 read Q8_0 / Q4_0 weights or k-quant planes"
+#endif
 
 #if STAGE != GATE_UP && STAGE != DOWN
 #error "moe_gemv.cu: STAGE must be GATE_UP or DOWN"
@@ -126,6 +160,12 @@
 #error "moe_gemv.cu: ROWS * UNROLL over the register budget (GATE_UP 8, DOWN 16)"
 #endif
 
+#if ALGO == 1
+// The dp4a chunk products read the activations from shared memory.
+#define GEMV_Q8_SHARED
+#define OUT Q8_1
+#include "act_out.cuh"
+#endif
 #include "gemv_chunk.cuh"
 
 // Most experts per token (moe_route's bound).
@@ -203,6 +243,58 @@ DEVI void group_experts(const int* __restrict__ ids, int n_experts, int n_used, 
     __syncthreads();
 }
 
+#if ALGO != 0
+// Stretches of 128 values per warp whose loads are in flight together.
+#define Q8_BATCH 8
+
+// The activations src[n] (n % 32 == 0) quantized into shared memory at
+// dst: ALGO 1 the Q8_1 of act_out.cuh's rule (q[n], then n / 32 (d, sum)
+// pairs), ALGO 2 split_write4's records (n / 32 of them, q8_split.cuh's
+// rule). A warp takes 128 consecutive values, 4 per lane, the 8 lanes of
+// a 32-value group reducing it together (4 groups per warp instruction,
+// not one group per warp in turn: the reductions of one group are a
+// dependent chain), the warps strided over the array.
+DEVI void quantize_to_shared(const float* __restrict__ src, u8* dst, int n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int step = WARPS * 128;
+    for (int b0 = warp * 128; b0 < n; b0 += step * Q8_BATCH) {
+        float4 v[Q8_BATCH];
+#pragma unroll
+        for (int i = 0; i < Q8_BATCH; ++i) {
+            const int e = b0 + i * step + lane * 4;
+            v[i] = e < n ? __ldg(reinterpret_cast<const float4*>(src + e)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < Q8_BATCH; ++i) {
+            const int base = b0 + i * step;  // the same on every lane of the warp
+            if (base >= n) break;
+            const int e = base + lane * 4;
+#if ALGO == 1
+            act_write4(dst, reinterpret_cast<float2*>(dst + n), (u64)e, v[i], e < n);
+#else
+            split_write4(reinterpret_cast<XSplit*>(dst) + e / 32, e & 31, v[i], e < n);
+#endif
+        }
+    }
+}
+
+#endif
+#if ALGO != 0
+// The quantized activations: ALGO 1 n int8 values, then n / 32 (d, sum)
+// pairs; ALGO 2 n / 32 split records.
+extern __shared__ __align__(16) u8 q8_smem[];
+#endif
+#if ALGO == 2
+// The chunk at element el of a row whose split records start at rec.
+DEVI float split_dot(const Chunk& ch, const XSplit* rec, int el) {
+#if KQ
+    return chunk_dot_split(ch, rec[el / 32]);
+#else
+    return chunk_dot_split(ch, rec[el / 32], el % 32);
+#endif
+}
+#endif
+
 // acc[tt] += v for tt == t: a run-time token index into a register array
 // without local memory (every element is selected, none indexed).
 template <int NT>
@@ -231,6 +323,16 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
                        int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
     pdl_enter();
+#if ALGO != 0
+    // Every token's x: group_experts' barriers publish it.
+    quantize_to_shared(x, q8_smem, NT * d);
+#if ALGO == 1
+    const i8* xq = reinterpret_cast<const i8*>(q8_smem);
+    const float2* xds = reinterpret_cast<const float2*>(q8_smem + NT * d);
+#elif ALGO == 2
+    const XSplit* xs = reinterpret_cast<const XSplit*>(q8_smem);
+#endif
+#endif
     group_experts<NT>(ids, n_experts, n_used, g);
     const int u = blockIdx.y;
     if (u >= g.n) return;
@@ -271,11 +373,26 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
 #pragma unroll 1
             for (int i = 0; i < cnt; ++i) {
                 const int t = g.tok[u][i];
+#if ALGO == 1
+                const i8* xqr = xq + t * d;
+                const float2* xdr = xds + t * (d / 32);
+#pragma unroll
+                for (int m = 0; m < 2; ++m)
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[m][r], t, chunk_dot_q8(ch[v][m][r], xqr, xdr, el));
+#elif ALGO == 2
+                const XSplit* xr = xs + t * (d / 32);
+#pragma unroll
+                for (int m = 0; m < 2; ++m)
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[m][r], t, split_dot(ch[v][m][r], xr, el));
+#else
                 const float* xr = x + (u64)t * d;
 #pragma unroll
                 for (int m = 0; m < 2; ++m)
 #pragma unroll
                     for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[m][r], t, chunk_dot(ch[v][m][r], xr, el));
+#endif
             }
         }
     }
@@ -315,6 +432,17 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
                     unsigned long long* __restrict__ count, int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
     pdl_enter();
+#if ALGO != 0
+    // Every pair's h row (a pair with an invalid id is quantized and never
+    // read): group_experts' barriers publish it.
+    quantize_to_shared(h, q8_smem, NT * n_used * ffn);
+#if ALGO == 1
+    const i8* hq = reinterpret_cast<const i8*>(q8_smem);
+    const float2* hds = reinterpret_cast<const float2*>(q8_smem + NT * n_used * ffn);
+#elif ALGO == 2
+    const XSplit* hs = reinterpret_cast<const XSplit*>(q8_smem);
+#endif
+#endif
     group_experts<NT>(ids, n_experts, n_used, g);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / KSPLIT, slice = warp % KSPLIT;
@@ -366,9 +494,20 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
             for (int i = 0; i < cnt; ++i) {
                 const int p = g.pair[u][i];
                 const float w = __ldg(weights + p);
+#if ALGO == 1
+                const i8* hqr = hq + p * ffn;
+                const float2* hdr = hds + p * (ffn / 32);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot_q8(ch[v][r], hqr, hdr, el));
+#elif ALGO == 2
+                const XSplit* hr = hs + p * (ffn / 32);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * split_dot(ch[v][r], hr, el));
+#else
                 const float* hr = h + (u64)p * ffn;
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot(ch[v][r], hr, el));
+#endif
             }
         }
     }

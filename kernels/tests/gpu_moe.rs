@@ -243,6 +243,11 @@ fn moe_gemv_variants_pass() {
                 vec![("LAYOUT", i(0))],
                 vec![("COUNT_BYTES", i(1))],
                 vec![("WARPS", i(1))],
+                // The dp4a forms (refused on F16 stacks): Q8_1 and split
+                // Q8 activations made per block in shared memory.
+                vec![("ALGO", i(1))],
+                vec![("ALGO", i(2))],
+                vec![("ALGO", i(2)), ("ROWS", i(4)), ("WARPS", i(8))],
             ] {
                 let mut d = with(f.default_defines(t), &over);
                 d.insert("STAGE".into(), s(stage));
@@ -276,7 +281,7 @@ fn moe_gemv_reads_only_the_chosen_experts_once() {
     let h = gpu.upload(&vec![1.0f32; tokens * k * ffn]).expect("h");
     let y = gpu.alloc(tokens * d * 4).expect("y");
     let count = gpu.alloc(e * 8).expect("count");
-    for layout in [0i64, 1] {
+    for (layout, algo) in [(0i64, 0i64), (1, 0), (1, 2)] {
         for stage in ["GATE_UP", "DOWN"] {
             for (rows, warps) in [(1i64, 4i64), (2, 2), (4, 8)] {
                 let defs = with(
@@ -284,6 +289,7 @@ fn moe_gemv_reads_only_the_chosen_experts_once() {
                     &[
                         ("STAGE", s(stage)),
                         ("LAYOUT", i(layout)),
+                        ("ALGO", i(algo)),
                         ("ROWS", i(rows)),
                         ("WARPS", i(warps)),
                         ("COUNT_BYTES", i(1)),

@@ -9,9 +9,19 @@
 //! that reads a wrong expert fails the comparison. With COUNT_BYTES=1 the
 //! check also requires the kernel's per-expert byte counts to be exactly
 //! the chosen experts' bytes, each expert once, and zero for the others.
+//!
+//! `ALGO=1` (dp4a on Q8_1 activations each block makes in shared memory)
+//! and `ALGO=2` (dp4a on split Q8 records, about 15 bits, made the same
+//! way) are the approx contract: besides the f64 reference, the check
+//! replays the stage in f64 on the activations' quantized values
+//! (`q8_1_replay`, `split_q8_replay`: the rules the kernel applies), which
+//! the kernel must match tightly.
 
 use super::gemv::fp_rms_bound;
-use super::{gelu_tanh_f64, make_weights, memo, random_matrix, rng_for, QWeights};
+use super::{
+    gelu_tanh_f64, make_weights, memo, q8_1_replay, random_matrix, rng_for, split_q8_replay,
+    QWeights,
+};
 use crate::bind::moe::{expert_binding, ExpertWeights, MoeDownArgs, MoeGateUpArgs};
 use crate::bind::NULL;
 use crate::defines::{defines, get_str, int_in, DefineValue, Defines};
@@ -85,6 +95,34 @@ fn check_weights(d: &Defines, p: &MoeProblem, stage: Stage) -> Result<WType, Str
         ));
     }
     Ok(wt)
+}
+
+fn layout_of(d: &Defines) -> Result<i64, String> {
+    int_in(d, "LAYOUT", &[0, 1])
+}
+
+/// The dynamic shared memory of ALGO `algo`: the quantized activations a
+/// block makes (GATE_UP: x of every token; DOWN: h of every (token, slot)
+/// pair), ALGO 1 one byte per value and an 8-byte (d, sum) pair per 32,
+/// ALGO 2 an 80-byte split record per 32; ALGO 0 none.
+pub fn q8_smem_bytes(p: &MoeProblem, stage: Stage, algo: i64) -> usize {
+    let n = match stage {
+        Stage::GateUp => p.tokens * p.d_model,
+        Stage::Down => p.tokens * p.used * p.ffn,
+    };
+    match algo {
+        1 => n + n / 32 * 8,
+        2 => n / 32 * crate::bind::Q8_SPLIT_RECORD,
+        _ => 0,
+    }
+}
+
+/// An upper bound of the kernel's static shared memory: the grouping
+/// (`Groups<NT>` and its two scratch arrays over NT * MAX_USED pairs) and
+/// DOWN's split-K slices.
+fn static_smem_bound(tokens: usize, warps: usize, rows: usize) -> usize {
+    let np = tokens * MAX_USED;
+    4 + np * (4 + 4 + 2 * tokens + tokens) + np * (4 + 2) + warps * rows * tokens * 4 + 64
 }
 
 /// Each token's `used` distinct experts, drawn uniformly, and positive
@@ -213,14 +251,35 @@ fn moe_inputs(p: &MoeProblem, stage: Stage, wt: WType, seed: u64) -> Result<MoeI
 /// The f64 reference of a stage on its inputs: GATE_UP `h [tokens*used][ffn]`,
 /// DOWN `y [tokens][d]`.
 fn reference(p: &MoeProblem, stage: Stage, inp: &MoeInputs) -> Vec<f64> {
+    let act: Vec<f64> = inp.act.iter().map(|&v| v as f64).collect();
+    reference_on(p, stage, inp, &act)
+}
+
+/// ALGO 1's replay: the stage in f64 on the Q8_1 values of the
+/// activations (`q_i * d` of each 32-value block, exact in f64), the
+/// values the kernel's integer dot products and per-block scales stand for.
+fn replay_q8_1(p: &MoeProblem, stage: Stage, inp: &MoeInputs) -> Vec<f64> {
+    let (q, ds) = q8_1_replay(&inp.act);
+    let act: Vec<f64> = q
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v as f64 * ds[i / 32][0] as f64)
+        .collect();
+    reference_on(p, stage, inp, &act)
+}
+
+/// ALGO 2's replay: the stage in f64 on the values of the activations'
+/// split Q8 records (`d1 q1 + d2 q2` per value).
+fn replay_split(p: &MoeProblem, stage: Stage, inp: &MoeInputs) -> Vec<f64> {
+    reference_on(p, stage, inp, &split_q8_replay(&inp.act))
+}
+
+/// A stage in f64 on `act` (in place of the inputs' activations).
+fn reference_on(p: &MoeProblem, stage: Stage, inp: &MoeInputs, act: &[f64]) -> Vec<f64> {
     use rayon::prelude::*;
     let (d, ff, k) = (p.d_model, p.ffn, p.used);
-    let dot = |w: &[f32], x: &[f32]| -> f64 {
-        w.iter()
-            .zip(x)
-            .map(|(&a, &b)| a as f64 * b as f64)
-            .sum::<f64>()
-    };
+    let dot =
+        |w: &[f32], x: &[f64]| -> f64 { w.iter().zip(x).map(|(&a, &b)| a as f64 * b).sum::<f64>() };
     let deq = |e: i32| -> &[f32] { &inp.tensor.deq[&(e as usize)] };
     match stage {
         Stage::GateUp => (0..p.tokens * k)
@@ -228,7 +287,7 @@ fn reference(p: &MoeProblem, stage: Stage, inp: &MoeInputs) -> Vec<f64> {
             .flat_map_iter(|pair| {
                 let t = pair / k;
                 let w = deq(inp.ids[pair]);
-                let x = &inp.act[t * d..(t + 1) * d];
+                let x = &act[t * d..(t + 1) * d];
                 (0..ff)
                     .map(|r| {
                         let g = dot(&w[r * d..(r + 1) * d], x);
@@ -247,7 +306,7 @@ fn reference(p: &MoeProblem, stage: Stage, inp: &MoeInputs) -> Vec<f64> {
                             .map(|j| {
                                 let pair = t * k + j;
                                 let w = deq(inp.ids[pair]);
-                                let h = &inp.act[pair * ff..(pair + 1) * ff];
+                                let h = &act[pair * ff..(pair + 1) * ff];
                                 inp.weights[pair] as f64 * dot(&w[r * ff..(r + 1) * ff], h)
                             })
                             .sum::<f64>()
@@ -282,23 +341,62 @@ impl Family for MoeGemv {
             ("UNROLL", 1),
             ("KSPLIT", 1),
             ("COUNT_BYTES", 0),
+            ("ALGO", 0),
         ]);
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
-    fn contract(&self, _d: &Defines) -> Contract {
-        Contract::Fp
+    fn contract(&self, d: &Defines) -> Contract {
+        match d.get("ALGO") {
+            Some(DefineValue::Int(1 | 2)) => Contract::Approx,
+            _ => Contract::Fp,
+        }
     }
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
         // DOWN sums `used` dot products of length ffn per output.
-        let k = match (moe_of(p), Stage::of(d)) {
+        let stage = Stage::of(d);
+        let k = match (moe_of(p), &stage) {
             (Ok(m), Ok(Stage::GateUp)) => m.d_model,
             (Ok(m), Ok(Stage::Down)) => m.ffn * m.used,
             _ => 32,
         };
         let fp = fp_rms_bound(k);
-        Tolerance::fp(fp)
+        if matches!(d.get("ALGO"), Some(DefineValue::Int(2))) {
+            // The split's residual noise, about 1e-5 of the activations'
+            // RMS per value (the dense split GEMV's bound); GATE_UP's
+            // gelu(g) * u, as for ALGO 1, three times that.
+            let scale = if matches!(stage, Ok(Stage::GateUp)) {
+                3.0
+            } else {
+                1.0
+            };
+            return Tolerance {
+                rms_rel: 1e-4 * scale,
+                max_rel: 2e-3 * scale,
+                outlier_frac: 1e-3,
+                replay_rms_rel: fp,
+            };
+        }
+        match (self.contract(d), stage) {
+            // Q8_1 rounding of the activations, as for the dense dp4a
+            // GEMV: ~0.4 % RMS per dot product; GATE_UP's gelu(g) * u
+            // combines two of them and gelu's slope near 0 amplifies them
+            // (the fused dense GEMV's bound).
+            (Contract::Approx, Ok(Stage::GateUp)) => Tolerance {
+                rms_rel: 3e-2,
+                max_rel: 0.15,
+                outlier_frac: 1e-3,
+                replay_rms_rel: fp,
+            },
+            (Contract::Approx, _) => Tolerance {
+                rms_rel: 1e-2,
+                max_rel: 5e-2,
+                outlier_frac: 1e-3,
+                replay_rms_rel: fp,
+            },
+            _ => Tolerance::fp(fp),
+        }
     }
     fn validate(
         &self,
@@ -341,6 +439,14 @@ impl Family for MoeGemv {
             ));
         }
         int_in(d, "COUNT_BYTES", &[0, 1])?;
+        let algo = int_in(d, "ALGO", &[0, 1, 2])?;
+        if algo != 0 && (wt.is_16bit() || (wt == WType::Q6K && layout_of(d)? == 0)) {
+            return Err(format!(
+                "ALGO={algo} (dp4a) reads Q8_0 / Q4_0 weights or k-quant planes, not {} on LAYOUT={}",
+                wt.define(),
+                layout_of(d)?
+            ));
+        }
         if !(1..=8).contains(&mp.tokens) {
             return Err(format!(
                 "moe_gemv handles 1..8 tokens (a decode step), not m={}",
@@ -375,6 +481,16 @@ impl Family for MoeGemv {
                 lim.max_threads_per_block
             ));
         }
+        let dyn_smem = q8_smem_bytes(mp, stage, algo);
+        let smem = dyn_smem + static_smem_bound(mp.tokens, warps as usize, rows as usize);
+        if smem > lim.max_smem_per_block as usize {
+            return Err(format!(
+                "ALGO={algo} at {} tokens: the quantized activations ({dyn_smem} bytes) and the grouping (about {} bytes) exceed the device's {} bytes of shared memory per block",
+                mp.tokens,
+                smem - dyn_smem,
+                lim.max_smem_per_block
+            ));
+        }
         Ok(LaunchGeometry {
             kernel: format!("{kernel}{}", mp.tokens),
             grid: (
@@ -383,7 +499,7 @@ impl Family for MoeGemv {
                 1,
             ),
             block: (threads, 1, 1),
-            dyn_smem: 0,
+            dyn_smem: dyn_smem as u32,
         })
     }
     fn workload(
@@ -429,9 +545,19 @@ impl Family for MoeGemv {
         let ops = 2 * (mp.tokens * mp.used * rows * k) as u64;
         let key = format!("moe_gemv ref {mp:?} {stage:?} {seed}");
         let inp2 = inp.clone();
+        let algo = int_in(d, "ALGO", &[0, 1, 2]).map_err(GpuError::Rejected)?;
         let reference: super::RefFn = Box::new(move || {
             let r = memo::get(key.clone(), || reference(&mp, stage, &inp2));
-            ((*r).clone(), None)
+            let replay = match algo {
+                1 => Some(memo::get(format!("{key} replay q8_1"), || {
+                    replay_q8_1(&mp, stage, &inp2)
+                })),
+                2 => Some(memo::get(format!("{key} replay split"), || {
+                    replay_split(&mp, stage, &inp2)
+                })),
+                _ => None,
+            };
+            ((*r).clone(), replay.map(|rp| (*rp).clone()))
         });
         Ok(Box::new(MoeGemvWorkload {
             weights: WeightSet::new(planes),
@@ -539,8 +665,8 @@ impl Workload for MoeGemvWorkload {
         tol: &Tolerance,
     ) -> Result<CheckReport, GpuError> {
         let out: Vec<f32> = gpu.download(&self.out)?;
-        let (reference, _) = (self.reference)();
-        let mut rep = compare(&out, &reference, None, contract, tol);
+        let (reference, replay) = (self.reference)();
+        let mut rep = compare(&out, &reference, replay.as_deref(), contract, tol);
         if self.count_bytes {
             let got: Vec<u64> = gpu.download(&self.count)?;
             if let Some(msg) = count_mismatch(&got, &self.expected) {
@@ -602,6 +728,7 @@ pub(crate) fn count_mismatch(got: &[u64], expected: &[u64]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::matmul_q8_replay;
     use super::*;
     use crate::compile::Arch;
 
@@ -742,6 +869,137 @@ mod tests {
             Problem::matmul(1, 8, 64, GgmlType::Q8_0),
             "runs on moe shapes",
         );
+    }
+
+    /// ALGO 1 asks for the Q8_1 activations in dynamic shared memory (x of
+    /// every token for GATE_UP, h of every pair for DOWN), is the approx
+    /// contract, and refuses the weights its dp4a products cannot read and
+    /// activations beyond the device's shared memory.
+    #[test]
+    fn dp4a_points_size_their_shared_memory_and_refuse_what_they_cannot_read() {
+        let f = MoeGemv;
+        let lim = DeviceLimits::for_arch(Arch(90));
+        let d = with(&f.default_defines(GgmlType::Q8_0), &[("ALGO", 1i64.into())]);
+        assert_eq!(f.contract(&d), Contract::Approx);
+        assert_eq!(f.contract(&f.default_defines(GgmlType::Q8_0)), Contract::Fp);
+        let p = prob(8, 128, 8, 2816, 704, GgmlType::Q8_0);
+        let g = f.validate(&d, &p, &lim).expect("gate_up");
+        assert_eq!(g.dyn_smem, 8 * 2816 + 8 * 2816 / 32 * 8);
+        let down = with(&d, &[("STAGE", "DOWN".into())]);
+        let g = f.validate(&down, &p, &lim).expect("down");
+        assert_eq!(g.dyn_smem, 8 * 8 * 704 * 5 / 4);
+        let g = f
+            .validate(&down, &prob(1, 128, 8, 2816, 704, GgmlType::Q8_0), &lim)
+            .expect("down, one token");
+        assert_eq!(g.dyn_smem, 8 * 704 * 5 / 4);
+        // The FMA form takes none.
+        let fma = f.default_defines(GgmlType::Q8_0);
+        assert_eq!(f.validate(&fma, &p, &lim).expect("fma").dyn_smem, 0);
+        let tol = f.default_tolerance(&down, &p);
+        assert_eq!(tol.rms_rel, 1e-2);
+        assert!(tol.replay_rms_rel < 1e-4, "{tol:?}");
+        assert!(f.default_tolerance(&d, &p).rms_rel > tol.rms_rel);
+        let bad = |d: &Defines, p: Problem, want: &str| {
+            let e = f.validate(d, &p, &lim).expect_err(want);
+            assert!(e.contains(want), "{e}");
+        };
+        let f16 = with(&f.default_defines(GgmlType::F16), &[("ALGO", 1i64.into())]);
+        bad(&f16, prob(3, 6, 3, 264, 40, GgmlType::F16), "not F16");
+        let q6 = with(
+            &f.default_defines(GgmlType::Q6K),
+            &[("ALGO", 1i64.into()), ("LAYOUT", 0i64.into())],
+        );
+        bad(&q6, prob(1, 8, 2, 512, 256, GgmlType::Q6K), "LAYOUT=0");
+        bad(&with(&d, &[("ALGO", 3i64.into())]), p, "ALGO=3");
+        // ALGO 2: an 80-byte split record per 32 values, the approx
+        // contract at the split's bound.
+        let split = with(&down, &[("ALGO", 2i64.into())]);
+        assert_eq!(f.contract(&split), Contract::Approx);
+        let g = f.validate(&split, &p, &lim).expect("down, split");
+        assert_eq!(g.dyn_smem, 8 * 8 * 704 / 32 * 80);
+        assert_eq!(f.default_tolerance(&split, &p).rms_rel, 1e-4);
+        // sm_89's 99 KB hold no 8-token DOWN split of 26B-A4B (110 KB).
+        let e = f
+            .validate(&split, &p, &DeviceLimits::for_arch(Arch(89)))
+            .expect_err("sm_89");
+        assert!(e.contains("ALGO=2 at 8 tokens"), "{e}");
+        // 8 tokens x 8 experts of a wide expert FFN: h does not fit.
+        bad(
+            &down,
+            prob(8, 128, 8, 2816, 4096, GgmlType::Q8_0),
+            "exceed the device's",
+        );
+    }
+
+    /// ALGO 1's replay is each pair's dense Q8_1 replay
+    /// (`matmul_q8_replay`, the dense dp4a GEMV's) on the chosen expert's
+    /// rows: GATE_UP through gelu(g) * u, DOWN weighted and summed.
+    #[test]
+    fn q8_1_replay_is_the_dense_replay_per_pair() {
+        let p = MoeProblem {
+            tokens: 2,
+            d_model: 64,
+            ffn: 32,
+            experts: 4,
+            used: 2,
+            wtype: GgmlType::Q8_0,
+        };
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * (1.0 + b.abs());
+        let gu = moe_inputs(&p, Stage::GateUp, WType::Q8_0, 3).expect("gate_up inputs");
+        let got = replay_q8_1(&p, Stage::GateUp, &gu);
+        let exact = reference(&p, Stage::GateUp, &gu);
+        let (q, ds) = q8_1_replay(&gu.act);
+        for pair in 0..p.tokens * p.used {
+            let t = pair / p.used;
+            let w = &gu.tensor.deq[&(gu.ids[pair] as usize)];
+            let x = |v: &[i8]| v[t * 64..(t + 1) * 64].to_vec();
+            let rows = matmul_q8_replay(w, &x(&q), &ds[t * 2..(t + 1) * 2], 1, 64, 64);
+            for r in 0..32 {
+                let want = gelu_tanh_f64(rows[r]) * rows[32 + r];
+                assert!(close(got[pair * 32 + r], want), "{pair} {r}");
+            }
+        }
+        assert_ne!(got, exact, "the replay is on the quantized activations");
+        // ALGO 2: the same stage on the split records' values, far closer
+        // to the exact activations than Q8_1.
+        let split = replay_split(&p, Stage::GateUp, &gu);
+        let err = |a: &[f64]| -> f64 {
+            a.iter()
+                .zip(&exact)
+                .map(|(x, y)| (x - y).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        };
+        assert!(
+            err(&split) > 0.0 && err(&split) < 1e-2 * err(&got),
+            "{} {}",
+            err(&split),
+            err(&got)
+        );
+        let dn = moe_inputs(&p, Stage::Down, WType::Q8_0, 3).expect("down inputs");
+        let got = replay_q8_1(&p, Stage::Down, &dn);
+        let (q, ds) = q8_1_replay(&dn.act);
+        for t in 0..p.tokens {
+            let mut want = [0f64; 64];
+            for j in 0..p.used {
+                let pair = t * p.used + j;
+                let w = &dn.tensor.deq[&(dn.ids[pair] as usize)];
+                let rows = matmul_q8_replay(
+                    w,
+                    &q[pair * 32..(pair + 1) * 32],
+                    &ds[pair..pair + 1],
+                    1,
+                    64,
+                    32,
+                );
+                for (o, v) in want.iter_mut().zip(rows) {
+                    *o += dn.weights[pair] as f64 * v;
+                }
+            }
+            for r in 0..64 {
+                assert!(close(got[t * 64 + r], want[r]), "{t} {r}");
+            }
+        }
     }
 
     #[test]
