@@ -22,6 +22,37 @@ use crate::workload::{OpKind, WeightSet, Workload};
 
 pub struct Gemv;
 
+/// The quantized activations of a dp4a GEMV (dense or expert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActNoise {
+    /// Q8_1: 8 bits per value.
+    Q8_1,
+    /// Split Q8 records: about 15 bits per value.
+    Split,
+}
+
+/// The approx contract's bounds of a GEMV over quantized activations;
+/// `gelu` when the output is gelu(g) * u, `fp` the replay's bound.
+/// Q8_1 rounding of uniform activations is ~0.4 % RMS per dot product,
+/// independent of k; the split's residual about 1e-5 of the activations'
+/// RMS per value (scale under amax / 127 / 254). gelu(g) * u combines two
+/// such errors and gelu's slope near 0 amplifies them, so its bounds are
+/// three times looser (Q8_1 also in max_rel).
+pub(crate) fn dp4a_tolerance(noise: ActNoise, gelu: bool, fp: f64) -> Tolerance {
+    let (rms_rel, max_rel) = match (noise, gelu) {
+        (ActNoise::Split, false) => (1e-4, 2e-3),
+        (ActNoise::Split, true) => (3e-4, 6e-3),
+        (ActNoise::Q8_1, false) => (1e-2, 5e-2),
+        (ActNoise::Q8_1, true) => (3e-2, 0.15),
+    };
+    Tolerance {
+        rms_rel,
+        max_rel,
+        outlier_frac: 1e-3,
+        replay_rms_rel: fp,
+    }
+}
+
 /// Tolerance of an f32-accumulated dot product of length k: a few times the
 /// random-walk growth of f32 rounding (sqrt(k) * 2^-24), plus a floor.
 pub(crate) fn fp_rms_bound(k: usize) -> f64 {
@@ -116,35 +147,11 @@ impl Family for Gemv {
         let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
         let fp = fp_rms_bound(k);
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1)));
-        if matches!(d.get("ALGO"), Some(DefineValue::Int(2 | 3))) {
-            // The split's residual noise: about 1e-5 of the activations'
-            // RMS per element (scale under amax / 127 / 254), so the dot
-            // products carry about that relative error; gelu's slope near 0
-            // amplifies it in the fused form, as for ALGO 1.
-            let scale = if fused { 3.0 } else { 1.0 };
-            return Tolerance {
-                rms_rel: 1e-4 * scale,
-                max_rel: 2e-3 * scale,
-                outlier_frac: 1e-3,
-                replay_rms_rel: fp,
-            };
-        }
-        match self.contract(d) {
-            // Q8_1 rounding of uniform activations: ~0.4% RMS, independent of
-            // k; gelu(g)*u combines two such errors and gelu's slope near 0
-            // amplifies them, so the fused bound is looser.
-            Contract::Approx if fused => Tolerance {
-                rms_rel: 3e-2,
-                max_rel: 0.15,
-                outlier_frac: 1e-3,
-                replay_rms_rel: fp,
-            },
-            Contract::Approx => Tolerance {
-                rms_rel: 1e-2,
-                max_rel: 5e-2,
-                outlier_frac: 1e-3,
-                replay_rms_rel: fp,
-            },
+        match (self.contract(d), d.get("ALGO")) {
+            (Contract::Approx, Some(DefineValue::Int(2 | 3))) => {
+                dp4a_tolerance(ActNoise::Split, fused, fp)
+            }
+            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Q8_1, fused, fp),
             _ => Tolerance::fp(fp),
         }
     }

@@ -17,7 +17,7 @@
 //! (`q8_1_replay`, `split_q8_replay`: the rules the kernel applies), which
 //! the kernel must match tightly.
 
-use super::gemv::fp_rms_bound;
+use super::gemv::{dp4a_tolerance, fp_rms_bound, ActNoise};
 use super::{
     gelu_tanh_f64, make_weights, memo, q8_1_replay, random_matrix, rng_for, split_q8_replay,
     QWeights,
@@ -95,10 +95,6 @@ fn check_weights(d: &Defines, p: &MoeProblem, stage: Stage) -> Result<WType, Str
         ));
     }
     Ok(wt)
-}
-
-fn layout_of(d: &Defines) -> Result<i64, String> {
-    int_in(d, "LAYOUT", &[0, 1])
 }
 
 /// The dynamic shared memory of ALGO `algo`: the quantized activations a
@@ -362,39 +358,13 @@ impl Family for MoeGemv {
             _ => 32,
         };
         let fp = fp_rms_bound(k);
-        if matches!(d.get("ALGO"), Some(DefineValue::Int(2))) {
-            // The split's residual noise, about 1e-5 of the activations'
-            // RMS per value (the dense split GEMV's bound); GATE_UP's
-            // gelu(g) * u, as for ALGO 1, three times that.
-            let scale = if matches!(stage, Ok(Stage::GateUp)) {
-                3.0
-            } else {
-                1.0
-            };
-            return Tolerance {
-                rms_rel: 1e-4 * scale,
-                max_rel: 2e-3 * scale,
-                outlier_frac: 1e-3,
-                replay_rms_rel: fp,
-            };
-        }
-        match (self.contract(d), stage) {
-            // Q8_1 rounding of the activations, as for the dense dp4a
-            // GEMV: ~0.4 % RMS per dot product; GATE_UP's gelu(g) * u
-            // combines two of them and gelu's slope near 0 amplifies them
-            // (the fused dense GEMV's bound).
-            (Contract::Approx, Ok(Stage::GateUp)) => Tolerance {
-                rms_rel: 3e-2,
-                max_rel: 0.15,
-                outlier_frac: 1e-3,
-                replay_rms_rel: fp,
-            },
-            (Contract::Approx, _) => Tolerance {
-                rms_rel: 1e-2,
-                max_rel: 5e-2,
-                outlier_frac: 1e-3,
-                replay_rms_rel: fp,
-            },
+        // As the dense dp4a GEMV's: GATE_UP's gelu(g) * u is its fused form.
+        let gelu = matches!(stage, Ok(Stage::GateUp));
+        match (self.contract(d), d.get("ALGO")) {
+            (Contract::Approx, Some(DefineValue::Int(2))) => {
+                dp4a_tolerance(ActNoise::Split, gelu, fp)
+            }
+            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Q8_1, gelu, fp),
             _ => Tolerance::fp(fp),
         }
     }
@@ -440,11 +410,11 @@ impl Family for MoeGemv {
         }
         int_in(d, "COUNT_BYTES", &[0, 1])?;
         let algo = int_in(d, "ALGO", &[0, 1, 2])?;
-        if algo != 0 && (wt.is_16bit() || (wt == WType::Q6K && layout_of(d)? == 0)) {
+        let layout = int_in(d, "LAYOUT", &[0, 1])?;
+        if algo != 0 && (wt.is_16bit() || (wt == WType::Q6K && layout == 0)) {
             return Err(format!(
-                "ALGO={algo} (dp4a) reads Q8_0 / Q4_0 weights or k-quant planes, not {} on LAYOUT={}",
-                wt.define(),
-                layout_of(d)?
+                "ALGO={algo} (dp4a) reads Q8_0 / Q4_0 weights or k-quant planes, not {} on LAYOUT={layout}",
+                wt.define()
             ));
         }
         if !(1..=8).contains(&mp.tokens) {
