@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
 # The compile gate under the newest NVRTC 13.x on PyPI, beside the pinned
-# 13.0.88 that the test suite uses: every variant of every family compiles
-# for sm_80, sm_89 and sm_90 without a spill where its spec forbids spills.
-# A newer compiler allocates registers differently, and a kernel sitting at
-# the 255-register ceiling can start spilling; this catches it before users
-# with a newer toolkit do.
+# 13.0.88 that the test suite and the compile report use. A newer compiler
+# allocates registers differently, and a kernel sitting at its register
+# ceiling can start spilling; a newer front end can refuse a construct. This
+# catches both before users with a newer toolkit do.
 #   scripts/nvrtc-newest-gate.sh
+#
+# What it compiles, for sm_80, sm_89 and sm_90: every named variant of every
+# family (each code path: every arithmetic form, layout and stage), and of
+# the sweep points those within 32 registers of the 255 ceiling under the
+# pinned compiler (their rows in reports/baseline/compile.csv), which are
+# the points a different allocator can push over it. A sweep point far
+# below the ceiling runs the code of its named variant with other tile
+# counts, and the compile report has compiled it under the pinned compiler.
+# Families whose kernels ask __launch_bounds__ for several blocks per SM
+# (OCC_BLOCKS in their source) have a ceiling below 255 that the baseline
+# does not record, so every point of theirs is compiled.
 # Its cubins are cached in target/gemtune/nvrtc-newest-cubin (the newest
 # compiler's own cache, inside the checkout) and pip keeps no download cache.
 # Environment: GEMTUNE (binary; default: cargo's debug build, found by
 # scripts/gemtune-bin.sh, so CARGO_TARGET_DIR is honoured), NVRTC_NEWEST_DIR
 # (default target/nvrtc-newest), NVRTC_NEWEST_SPEC (default
-# "nvidia-cuda-nvrtc>=13,<14").
+# "nvidia-cuda-nvrtc>=13,<14"), NVRTC_NEWEST_ALL=1 (every point of every
+# family, as the compile report does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${NVRTC_NEWEST_DIR:-target/nvrtc-newest}
 spec=${NVRTC_NEWEST_SPEC:-nvidia-cuda-nvrtc>=13,<14}
+baseline=reports/baseline/compile.csv
 rm -rf "$dir"
 python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir --target "$dir" "$spec" >&2
 lib=$(ls -d "$PWD/$dir"/nvidia/cu13/lib)
@@ -25,15 +37,65 @@ export GEMTUNE_CACHE_DIR=$PWD/target/gemtune/nvrtc-newest-cubin
 out=target/gemtune/nvrtc-newest
 rm -rf "$out"
 mkdir -p "$out"
+
+# Families compiled whole: those whose sources size __launch_bounds__ by
+# OCC_BLOCKS (one family per kernels/cuda/<family>.cu).
+capped=$(grep -l 'OCC_BLOCKS(' kernels/cuda/*.cu | xargs -n1 basename | sed 's/\.cu$//' | paste -sd, -)
+
+# The rest: for one arch, the baseline's families (other than the capped
+# ones) and the variant ids to compile, one per line after the first.
+select_rows() {
+    python3 - "$baseline" "$1" "$capped" <<'EOF'
+import csv, sys, tomllib
+path, arch, capped = sys.argv[1], sys.argv[2], set(filter(None, sys.argv[3].split(",")))
+families, ids = set(), set()
+for r in csv.DictReader(open(path)):
+    if r["arch"] != arch or r["family"] in capped:
+        continue
+    families.add(r["family"])
+    registers = int(r["registers"]) if r["registers"] else 0
+    if "+" not in r["variant"] or registers >= 224:
+        ids.add(r["variant"])
+# Named variants from the specs too, so one not yet in the baseline is compiled.
+for family in families:
+    with open(f"variants/{family}.toml", "rb") as f:
+        ids.update(v["name"] for v in tomllib.load(f).get("variant", []))
+print(",".join(sorted(families)))
+for i in sorted(ids):
+    print(i)
+EOF
+}
+
 status=0
-for arch in sm_80 sm_89 sm_90; do
-    rc=0
-    LD_LIBRARY_PATH="$lib" "$bin" check --compile-only --arch "$arch" --out "$out/$arch" \
-        >"$out/$arch.txt" 2>"$out/$arch.log" || rc=$?
-    echo "nvrtc $version, $arch: exit $rc"
+run_check() { # arch tag check-args...
+    local arch=$1 tag=$2
+    shift 2
+    local rc=0
+    LD_LIBRARY_PATH="$lib" "$bin" check --compile-only --arch "$arch" --out "$out/$arch-$tag" "$@" \
+        >"$out/$arch-$tag.txt" 2>"$out/$arch-$tag.log" || rc=$?
+    echo "nvrtc $version, $arch, $tag: exit $rc"
     if [[ $rc != 0 ]]; then
-        grep -E ' (spills|compile-error) ' "$out/$arch.txt" >&2 || tail -5 "$out/$arch.log" >&2
+        grep -E ' (spills|compile-error) ' "$out/$arch-$tag.txt" >&2 || tail -5 "$out/$arch-$tag.log" >&2
         status=$rc
     fi
+}
+
+for arch in sm_80 sm_89 sm_90; do
+    if [[ ${NVRTC_NEWEST_ALL:-0} == 1 ]]; then
+        run_check "$arch" all
+        continue
+    fi
+    [[ -n $capped ]] && run_check "$arch" "whole" "$capped"
+    mapfile -t sel < <(select_rows "$arch")
+    args=()
+    for id in "${sel[@]:1}"; do
+        args+=(--variant "$id")
+    done
+    if [[ -z ${sel[0]:-} ]]; then
+        echo "nvrtc-newest-gate: $baseline has no $arch rows" >&2
+        exit 4
+    fi
+    echo "$arch: $((${#sel[@]} - 1)) variant ids of ${sel[0]}; every point of $capped"
+    run_check "$arch" "named-and-ceiling" "${sel[0]}" "${args[@]}"
 done
 exit "$status"
