@@ -1,0 +1,478 @@
+//! The plan's builder: each slot of each row bucket resolved through the
+//! planner once per distinct (slot, problem, bound defines, grid rule), in
+//! forward order, into `PlannedLaunch`es and the bucket's per-layer plans.
+//! The expert block's launches are in `moe.rs`.
+
+use std::collections::{BTreeSet, HashMap};
+
+use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass};
+use gemtune_kernels::bind::ActFormat;
+use gemtune_kernels::defines::DefineValue;
+use gemtune_kernels::families::scale_expand;
+use gemtune_kernels::family::{Problem, RowsProblem, WType};
+use gemtune_kernels::quant::GgmlType;
+
+use super::bucket::*;
+use super::launch::*;
+use super::problems::*;
+use crate::config::Gemma4Config;
+use crate::cuda::model_dims::{MatDim, ModelDims};
+use crate::cuda::planner::{PlanError, Planner, GEMV_BLOCK};
+use crate::cuda::slots::{Proj, Slot, GEMV_MAX_ROWS};
+use crate::cuda::weights::PLANES_F32;
+
+/// Builds a plan: resolves each distinct launch once.
+pub(super) struct Builder<'a> {
+    pub(super) planner: &'a Planner,
+    pub(super) cfg: &'a Gemma4Config,
+    sizing: Sizing,
+    pub(super) launches: Vec<PlannedLaunch>,
+    index: HashMap<String, LaunchId>,
+    /// The launches of the bucket being built.
+    current: BTreeSet<LaunchId>,
+    /// Whether the bucket being built is a prefill bucket.
+    pub(super) prefill: bool,
+}
+
+impl<'a> Builder<'a> {
+    pub(super) fn new(planner: &'a Planner, cfg: &'a Gemma4Config, sizing: Sizing) -> Self {
+        Builder {
+            planner,
+            cfg,
+            sizing,
+            launches: Vec::new(),
+            index: HashMap::new(),
+            current: BTreeSet::new(),
+            prefill: false,
+        }
+    }
+}
+
+impl Builder<'_> {
+    pub(super) fn push(
+        &mut self,
+        slot: Slot,
+        problem: Problem,
+        bound: Vec<(&'static str, DefineValue)>,
+        grid: GridRule,
+    ) -> Result<LaunchId, PlanError> {
+        let grid = if self.prefill { grid } else { GridRule::Fixed };
+        let key = format!(
+            "{slot}|{}|{}|{grid:?}",
+            problem.describe(),
+            bound
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        if let Some(&id) = self.index.get(&key) {
+            self.current.insert(id);
+            return Ok(id);
+        }
+        let res = self.planner.resolve(slot, &problem, &bound)?;
+        let id = self.launches.len();
+        self.launches.push(PlannedLaunch {
+            slot,
+            problem,
+            bound,
+            entry: Entry::Main,
+            grid,
+            res,
+        });
+        self.index.insert(key, id);
+        self.current.insert(id);
+        Ok(id)
+    }
+
+    /// The `gemm_dq_convert` entry of launch `main`'s module over `[m][k]`.
+    fn dq_convert(&mut self, main: LaunchId, m: usize, k: usize) -> LaunchId {
+        let key = format!("dq_convert|{main}|{m}|{k}|{}", self.prefill);
+        if let Some(&id) = self.index.get(&key) {
+            self.current.insert(id);
+            return id;
+        }
+        let base = &self.launches[main];
+        let mut res = base.res.clone();
+        res.geo = MatmulBinding::dq_convert_geometry(m, k);
+        let l = PlannedLaunch {
+            slot: base.slot,
+            problem: base.problem,
+            bound: base.bound.clone(),
+            entry: Entry::DqConvert { k },
+            grid: if self.prefill {
+                GridRule::Rows
+            } else {
+                GridRule::Fixed
+            },
+            res,
+        };
+        let id = self.launches.len();
+        self.launches.push(l);
+        self.index.insert(key, id);
+        self.current.insert(id);
+        id
+    }
+
+    fn binding(&self, id: LaunchId) -> Result<MatmulBinding, PlanError> {
+        let l = &self.launches[id];
+        MatmulBinding::of(l.res.family.name(), &l.res.defines)
+            .map_err(|msg| PlanError::slot(l.slot, msg))
+    }
+
+    /// Projection `proj` of a `dim` matrix at `m` rows. `from_f32`: its
+    /// input comes from an f32 buffer (a pre-pass converts it when the
+    /// variant reads another format); otherwise the producer writes the
+    /// input format itself.
+    fn matmul(
+        &mut self,
+        proj: Proj,
+        dim: MatDim,
+        m: usize,
+        from_f32: bool,
+    ) -> Result<MatmulPlan, PlanError> {
+        let slot = Slot::matmul(proj, m);
+        let (n, k, t) = dim;
+        if self.planner.vendor(slot) {
+            let convert =
+                self.push(Slot::ActConvert, rows_problem(m, k), vec![], GridRule::Rows)?;
+            return Ok(MatmulPlan {
+                proj,
+                slot,
+                dim,
+                input: ActFormat::F32,
+                prepass: None,
+                scales: None,
+                exec: MatmulExec::Vendor { convert },
+            });
+        }
+        let (exec, binding, main) = if self.planner.row_chunked(slot) && m > GEMV_BLOCK {
+            let mut blocks = Vec::with_capacity(GEMV_BLOCK);
+            for mc in 1..=GEMV_BLOCK {
+                let id = self.push(slot, Problem::matmul(mc, n, k, t), vec![], GridRule::Fixed)?;
+                blocks.push((id, self.binding(id)?));
+            }
+            let (main, binding) = blocks[GEMV_BLOCK - 1];
+            if blocks.iter().any(|b| b.1.act != binding.act) {
+                return Err(PlanError::slot(
+                    slot,
+                    "the row-block GEMV variants read different activation formats",
+                ));
+            }
+            (MatmulExec::RowBlocks { blocks }, binding, main)
+        } else {
+            let id = self.push(slot, Problem::matmul(m, n, k, t), vec![], GridRule::Rows)?;
+            let binding = self.binding(id)?;
+            (
+                MatmulExec::Kernel {
+                    launch: id,
+                    binding,
+                },
+                binding,
+                id,
+            )
+        };
+        // A kernel reading the GEMMs' scale plane (f32 scales or k-quant
+        // side words) gets it from the GEMV's plane just before it runs
+        // when the profile keeps one scale plane per matrix.
+        let scales = match (&exec, WType::of(t)) {
+            (MatmulExec::Kernel { .. }, Some(wt))
+                if self.planner.profile.expand_gemm_scales
+                    && binding.layout == PLANES_F32
+                    && scale_expand::expands(wt) =>
+            {
+                Some(self.push(
+                    Slot::ScaleExpand,
+                    Problem::matmul(1, n, k, t),
+                    vec![],
+                    GridRule::Fixed,
+                )?)
+            }
+            _ => None,
+        };
+        let prepass = match (from_f32, binding.prepass) {
+            (false, _) | (true, Prepass::None) => None,
+            (true, Prepass::QuantizeQ8_1) => Some(PrepassPlan {
+                kind: Prepass::QuantizeQ8_1,
+                launch: self.push(
+                    Slot::QuantizeQ8_1,
+                    Problem::matmul(m, 1, k, GgmlType::Q8_0),
+                    out_bound(binding.act),
+                    GridRule::Rows,
+                )?,
+            }),
+            (true, Prepass::DqConvert) => Some(PrepassPlan {
+                kind: Prepass::DqConvert,
+                launch: self.dq_convert(main, m, k),
+            }),
+        };
+        Ok(MatmulPlan {
+            proj,
+            slot,
+            dim,
+            input: binding.act,
+            prepass,
+            scales,
+            exec,
+        })
+    }
+
+    /// The format projection `proj` reads at `m` rows, without planning it.
+    fn input_format(&self, proj: Proj, dim: MatDim, m: usize) -> Result<ActFormat, PlanError> {
+        let slot = Slot::matmul(proj, m);
+        if self.planner.vendor(slot) {
+            return Ok(ActFormat::F32);
+        }
+        let rows = if self.planner.row_chunked(slot) {
+            m.min(GEMV_BLOCK)
+        } else {
+            m
+        };
+        let r = self
+            .planner
+            .resolve(slot, &Problem::matmul(rows, dim.0, dim.1, dim.2), &[])?;
+        MatmulBinding::of(r.family.name(), &r.defines)
+            .map(|b| b.act)
+            .map_err(|msg| PlanError::slot(slot, msg))
+    }
+
+    /// Layer `l`'s attention call at `r` rows, its O written in `o_fmt`
+    /// where the resolved variant can write it.
+    fn attention(&mut self, l: usize, r: usize, o_fmt: ActFormat) -> Result<AttnPlan, PlanError> {
+        let kind = self.cfg.layers[l].kind;
+        let slot = Slot::attention(kind, r);
+        let a = attn_problem(self.cfg, l, r, &self.sizing);
+        let p = Problem::Attention(a);
+        let first = self.planner.resolve(slot, &p, &[])?;
+        let q16 = first.defines.get("Q16") == Some(&DefineValue::Int(1));
+        let mut d = first.defines.clone();
+        d.insert("OUT".into(), DefineValue::Str(o_fmt.define().into()));
+        let writes = o_fmt != ActFormat::F32
+            && first.family.declared_defines().iter().any(|x| x == "OUT")
+            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
+        let out = if writes { o_fmt } else { ActFormat::F32 };
+        let capacity = self.sizing.capacity(self.cfg, l);
+        let launch = self.push(slot, p, out_bound(out), GridRule::AttnRows { capacity })?;
+        Ok(AttnPlan {
+            launch,
+            kind,
+            q16,
+            out,
+        })
+    }
+
+    pub(super) fn bucket(&mut self, dims: &ModelDims, r: usize) -> Result<BucketPlan, PlanError> {
+        self.prefill = r > GEMV_MAX_ROWS;
+        self.current.clear();
+        let cfg = self.cfg;
+        let d = cfg.d_model;
+        // The gather reads the head's Q6_K planes when they are the table's
+        // one copy (`model_dims::embed_on_head_planes`).
+        let embed_layout = if dims.embd_on_head {
+            vec![("LAYOUT", DefineValue::Int(1))]
+        } else {
+            vec![]
+        };
+        let embed = self.push(
+            Slot::Embed,
+            Problem::Rows(RowsProblem {
+                rows: r,
+                width: d,
+                dtype: dims.embd_type,
+                aux: 0,
+            }),
+            embed_layout,
+            GridRule::Rows,
+        )?;
+        let per_layer_inputs = match (dims.ple_model_proj, dims.ple_type) {
+            (Some(mp), Some(t)) => Some(PleInputsPlan {
+                model_proj: self.matmul(Proj::Ple, mp, r, true)?,
+                gather: self.push(
+                    Slot::Ple,
+                    Problem::Rows(RowsProblem {
+                        rows: r,
+                        width: cfg.n_layers * cfg.ple_dim,
+                        dtype: t,
+                        aux: cfg.ple_dim,
+                    }),
+                    vec![],
+                    GridRule::Rows,
+                )?,
+            }),
+            _ => None,
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for (l, ld) in dims.layers.iter().enumerate() {
+            let qkv = ld
+                .qkv
+                .iter()
+                .map(|&m| self.matmul(Proj::Qkv, m, r, false))
+                .collect::<Result<Vec<_>, _>>()?;
+            let qkv_input = match qkv.split_first() {
+                Some((first, rest)) if rest.iter().all(|m| m.input == first.input) => first.input,
+                Some((first, _)) => {
+                    return Err(PlanError::slot(
+                        first.slot,
+                        "the Q|K|V runs of different weight types read different activation formats (one input norm writes them)",
+                    ))
+                }
+                None => {
+                    return Err(PlanError::slot(
+                        Slot::matmul(Proj::Qkv, r),
+                        format!("layer {l} has no Q projection"),
+                    ))
+                }
+            };
+            let input_norm = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                norm_bound(qkv_input, false, true),
+                GridRule::Rows,
+            )?;
+            let o_fmt = self.input_format(Proj::O, ld.o, r)?;
+            let attention = self.attention(l, r, o_fmt)?;
+            let a = attn_problem(cfg, l, r, &self.sizing);
+            let qk_norm_rope = self.push(
+                Slot::QkNormRope,
+                Problem::Attention(a),
+                vec![("Q16", DefineValue::Int(attention.q16 as i64))],
+                GridRule::AttnRows {
+                    capacity: self.sizing.capacity(cfg, l),
+                },
+            )?;
+            let o = self.matmul(Proj::O, ld.o, r, attention.out == ActFormat::F32)?;
+            let gate_up = self.matmul(Proj::GateUp, ld.gate_up, r, false)?;
+            // A MoE layer's attention residual also writes the router input
+            // and the experts' input norm (OUTS=3), and the launch that adds
+            // the FFN's output sums the shared MLP's and the experts' halves
+            // with their post norms (SUM_IN): the PLE's FFN residual where
+            // the layer has one, else the layer's end.
+            let is_moe = ld.moe.is_some();
+            let mut residual_bound = norm_bound(gate_up.input, true, true);
+            if is_moe {
+                residual_bound.push(("OUTS", DefineValue::Int(3)));
+            }
+            let attn_residual = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                residual_bound,
+                GridRule::Rows,
+            )?;
+            let fused = gate_up.fuses_gelu();
+            let down = self.matmul(Proj::Down, ld.down, r, fused)?;
+            let gelu = if fused {
+                None
+            } else {
+                Some(self.push(
+                    Slot::GeluMul,
+                    rows_problem(r, ld.gate_up.0 / 2),
+                    out_bound(down.input),
+                    GridRule::Rows,
+                )?)
+            };
+            let moe = ld.moe.as_ref().map(|m| self.moe(m, r)).transpose()?;
+            let sum_in = |mut b: Vec<(&'static str, DefineValue)>, on: bool| {
+                if on {
+                    b.push(("SUM_IN", DefineValue::Int(1)));
+                }
+                b
+            };
+            let end_sums = is_moe && ld.ple.is_none();
+            let end_bound = norm_bound(ActFormat::F32, true, false);
+            let ple = match ld.ple {
+                Some((g, p)) => {
+                    let ffn_residual = self.push(
+                        Slot::RmsNorm,
+                        rows_problem(r, d),
+                        sum_in(end_bound.clone(), is_moe),
+                        GridRule::Rows,
+                    )?;
+                    let gate = self.matmul(Proj::Ple, g, r, true)?;
+                    let proj = self.matmul(Proj::Ple, p, r, false)?;
+                    let gelu = self.push(
+                        Slot::GeluMul,
+                        rows_problem(r, cfg.ple_dim),
+                        out_bound(proj.input),
+                        GridRule::Rows,
+                    )?;
+                    Some(PleLayerPlan {
+                        ffn_residual,
+                        gate,
+                        gelu,
+                        proj,
+                    })
+                }
+                None => None,
+            };
+            let end_with_next_norm = match dims.layers.get(l + 1) {
+                Some(next) => {
+                    let f = match next.qkv.first() {
+                        Some(&m) => self.input_format(Proj::Qkv, m, r)?,
+                        None => ActFormat::F32,
+                    };
+                    Some(self.push(
+                        Slot::RmsNorm,
+                        rows_problem(r, d),
+                        sum_in(norm_bound(f, true, true), end_sums),
+                        GridRule::Rows,
+                    )?)
+                }
+                None => None,
+            };
+            let end = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                sum_in(end_bound, end_sums),
+                GridRule::Rows,
+            )?;
+            layers.push(LayerPlan {
+                input_norm,
+                qkv,
+                qk_norm_rope,
+                attention,
+                o,
+                attn_residual,
+                gate_up,
+                gelu,
+                down,
+                ple,
+                moe,
+                end_with_next_norm,
+                end,
+            });
+        }
+        let head = if r <= GEMV_MAX_ROWS {
+            let matmul = self.matmul(Proj::Head, dims.head, r, false)?;
+            let norm = self.push(
+                Slot::RmsNorm,
+                rows_problem(r, d),
+                norm_bound(matmul.input, false, true),
+                GridRule::Fixed,
+            )?;
+            let softcap = match cfg.final_logit_softcap {
+                Some(_) => Some(self.push(
+                    Slot::Softcap,
+                    rows_problem(r, dims.vocab),
+                    vec![],
+                    GridRule::Fixed,
+                )?),
+                None => None,
+            };
+            Some(HeadPlan {
+                norm,
+                matmul,
+                softcap,
+            })
+        } else {
+            None
+        };
+        Ok(BucketPlan {
+            rows: r,
+            embed,
+            per_layer_inputs,
+            layers,
+            head,
+            launches: self.current.iter().copied().collect(),
+        })
+    }
+}

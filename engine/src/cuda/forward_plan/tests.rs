@@ -1,0 +1,476 @@
+//! The plan resolved on the CPU for every committed profile and synthetic
+//! model: buckets, launch reuse, prefill grids, per-type plans, the layouts
+//! uploaded and the conversions refused.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::cuda::model_dims::model_bytes;
+use crate::profile::Profile;
+use crate::synth::{self, SynthVariant, WeightType};
+use gemtune_kernels::bind::ActFormat;
+use gemtune_kernels::compile::Arch;
+use gemtune_kernels::defines::DefineValue;
+use gemtune_kernels::family::DeviceLimits;
+use gemtune_kernels::family::KvType;
+use gemtune_kernels::quant::GgmlType;
+
+fn plan(profile: &str, v: SynthVariant, ubatch: usize) -> (ForwardPlan, Planner) {
+    let planner = Planner::new(
+        Profile::load(profile).expect("profile"),
+        None,
+        DeviceLimits::for_arch(Arch(90)),
+    );
+    let cfg = synth::preset(v);
+    let wt = WeightType::Q8_0;
+    let dims = ModelDims::from_config(
+        &cfg,
+        wt.matrix_type(),
+        wt.embedding_type(cfg.d_model as u64),
+        &planner,
+    );
+    let sizing = Sizing {
+        max_seq: 4096.min(cfg.context_length),
+        ubatch,
+        kv_type: KvType::F16,
+    };
+    let p = ForwardPlan::resolve(&planner, &cfg, &dims, sizing).expect("plan");
+    (p, planner)
+}
+
+/// The sm_90 plan of `profile` for a synthetic model of `cfg` in `w`
+/// (4096 positions, 512-token chunks), with its shapes.
+fn synth_plan(
+    profile: &str,
+    cfg: &Gemma4Config,
+    w: WeightType,
+    what: &str,
+) -> (ForwardPlan, ModelDims) {
+    let planner = Planner::new(
+        Profile::load(profile).expect("profile"),
+        None,
+        DeviceLimits::for_arch(Arch(90)),
+    );
+    let dims = ModelDims::of_synth(cfg, w, &planner);
+    let sizing = Sizing {
+        max_seq: 4096,
+        ubatch: 512,
+        kv_type: KvType::F16,
+    };
+    let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    (plan, dims)
+}
+
+#[test]
+fn buckets_cover_every_chunk_length() {
+    let (p, _) = plan("main", SynthVariant::E4b, 512);
+    for t in 1..=512 {
+        let b = p.bucket(t).expect("a bucket");
+        assert!(b.rows >= t, "{t} rows in a bucket of {}", b.rows);
+        if t <= GEMV_MAX_ROWS {
+            assert_eq!(b.rows, t);
+            assert!(b.head.is_some());
+        } else {
+            assert!(b.head.is_none());
+        }
+    }
+    assert!(p.bucket(0).is_none() && p.bucket(513).is_none());
+}
+
+#[test]
+fn every_bucket_plans_every_layer_and_each_launch_is_resolved_once() {
+    let (p, planner) = plan("main", SynthVariant::E2b, 2048);
+    let cfg = synth::preset(SynthVariant::E2b);
+    assert_eq!(p.lookups, planner.lookups());
+    for b in &p.buckets {
+        assert_eq!(b.layers.len(), cfg.n_layers);
+        assert!(b.per_layer_inputs.is_some(), "E2B has per-layer inputs");
+        for (l, lp) in b.layers.iter().enumerate() {
+            assert_eq!(lp.ple.is_some(), cfg.ple_dim > 0);
+            assert_eq!(lp.end_with_next_norm.is_some(), l + 1 < cfg.n_layers);
+            // The MoE modes of the norm stay off on a dense model.
+            assert!(lp.moe.is_none());
+            for id in [Some(lp.attn_residual), Some(lp.end), lp.end_with_next_norm]
+                .into_iter()
+                .flatten()
+            {
+                let d = &p.launches[id].res.defines;
+                assert_eq!(d.get("SUM_IN"), Some(&DefineValue::Int(0)));
+                assert_eq!(d.get("OUTS"), Some(&DefineValue::Int(1)));
+            }
+        }
+    }
+    let mut keys = BTreeSet::new();
+    for l in &p.launches {
+        assert!(keys.insert((
+            l.slot,
+            l.problem.describe(),
+            format!("{:?}", l.bound),
+            format!("{:?}", l.entry),
+            format!("{:?}", l.grid)
+        )));
+    }
+}
+
+#[test]
+fn prefill_geometry_follows_the_chunk_rows() {
+    let (p, _) = plan("main", SynthVariant::E4b, 2048);
+    let b = p.bucket(2048).expect("bucket");
+    for &id in &b.launches {
+        let l = &p.launches[id];
+        let full = l.geometry_at(2048, &p).expect("geometry at the bound");
+        assert_eq!(full.grid, l.res.geo.grid, "{}", l.slot);
+        let small = l.geometry_at(100, &p).expect("geometry at 100 rows");
+        if l.grid != GridRule::Fixed {
+            let (a, z) = (full.grid, small.grid);
+            assert!(
+                a.0 as u64 * a.1 as u64 * a.2 as u64 >= z.0 as u64 * z.1 as u64 * z.2 as u64,
+                "{}: {a:?} at 2048 rows, {z:?} at 100",
+                l.slot
+            );
+        }
+    }
+}
+
+/// Synthetic E4B and 12B files in the k-quant mixes and the 16-bit
+/// types plan under `main` and `strict` with every projection read in
+/// its file type and nothing converted: a Q|K|V whose parts' types
+/// differ (the mixes' Q6_K `attn_v` beside Q4_K/Q5_K Q and K) is planned
+/// as one launch per run of one type. The device bytes follow the
+/// layouts each profile reads.
+#[test]
+fn kquant_and_16bit_files_plan_their_own_types() {
+    use crate::synth::mix;
+    for v in [SynthVariant::E4b, SynthVariant::B12] {
+        let cfg = synth::preset(v);
+        let specs = crate::plan::tensor_plan(&cfg);
+        for w in [
+            WeightType::Q4KM,
+            WeightType::Q5KM,
+            WeightType::Q6K,
+            WeightType::F16,
+            WeightType::Bf16,
+        ] {
+            let types = mix::tensor_types(&specs, cfg.n_layers, w);
+            let ty: HashMap<&str, GgmlType> = specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .zip(types.iter().copied())
+                .collect();
+            for profile in ["main", "strict"] {
+                let what = format!("{} {} {profile}", v.name(), w.name());
+                let (plan, dims) = synth_plan(profile, &cfg, w, &what);
+                let name = |l: usize, s: &str| crate::plan::layer_tensor_name(l, s);
+                let mut mixed = 0;
+                for (l, ld) in dims.layers.iter().enumerate() {
+                    for (dim, part) in [
+                        (ld.o, "attn_output"),
+                        (ld.gate_up, "ffn_gate"),
+                        (ld.gate_up, "ffn_up"),
+                        (ld.down, "ffn_down"),
+                    ] {
+                        assert_eq!(dim.2, ty[name(l, part).as_str()], "{what} {l} {part}");
+                    }
+                    let qkv: Vec<GgmlType> = ["attn_q", "attn_k", "attn_v"]
+                        .iter()
+                        .filter(|p| cfg.layers[l].owns_kv() || **p == "attn_q")
+                        .filter_map(|p| ty.get(name(l, p).as_str()).copied())
+                        .collect();
+                    // One run per change of type along Q, K, V, each
+                    // in its parts' own type.
+                    let mut want: Vec<GgmlType> = qkv.clone();
+                    want.dedup();
+                    let got: Vec<GgmlType> = ld.qkv.iter().map(|m| m.2).collect();
+                    assert_eq!(got, want, "{what} {l} qkv runs");
+                    mixed += (want.len() > 1) as usize;
+                    let n: usize = ld.qkv.iter().map(|m| m.0).sum();
+                    let b = &plan.buckets[0].layers[l];
+                    assert_eq!(b.qkv.len(), ld.qkv.len(), "{what} {l}");
+                    assert!(b.qkv.iter().all(|m| m.input == b.qkv_input()));
+                    let lc = &cfg.layers[l];
+                    let kv = match (lc.owns_kv(), lc.k_eq_v) {
+                        (false, _) => 0,
+                        (true, true) => lc.kv_dim(),
+                        (true, false) => 2 * lc.kv_dim(),
+                    };
+                    assert_eq!(n, lc.q_dim() + kv, "{what} {l} qkv width");
+                }
+                // Nothing is converted: every matrix and the Q6_K tied
+                // head are read in their own types.
+                assert!(dims.converted.is_empty(), "{what}: {:?}", dims.converted);
+                let mixes = matches!(w, WeightType::Q4KM | WeightType::Q5KM);
+                assert_eq!(mixed > 0, mixes, "{what}: {mixed} mixed Q|K|V groups");
+                if let Some(mp) = dims.ple_model_proj {
+                    assert_eq!(mp.2, ty["per_layer_model_proj.weight"], "{what}");
+                }
+                // The bytes: exactly the sum of each matrix in the
+                // layouts the plan reads, and for the uniform files
+                // under strict (one layout, the GEMV's, and the head
+                // on the table) the file's bytes, Q6_K's record
+                // padding apart.
+                let bytes = model_bytes(&dims, &plan.layouts);
+                let ratio = bytes as f64 / dims.file_bytes as f64;
+                eprintln!(
+                    "{what}: weights {bytes} B on the device, {} B in the file ({ratio:.4}x), {} converted",
+                    dims.file_bytes,
+                    dims.converted.len()
+                );
+                if profile == "strict" && !mixes {
+                    assert!(
+                        plan.layouts.head_native,
+                        "{what}: the head has its own copy"
+                    );
+                    let bound = if w == WeightType::Q6K {
+                        216.0 / 210.0
+                    } else {
+                        1.0
+                    };
+                    assert!(ratio <= bound + 1e-9, "{what}: {ratio:.4}x the file");
+                }
+                assert!(ratio < 2.0, "{what}: {ratio:.4}x the file");
+            }
+        }
+    }
+}
+
+/// `main` expands each quantized prefill GEMM's scale plane from the
+/// GEMV's before it runs (`gemm_scales = "expand"`): prefill buckets
+/// plan one `scale_expand` per such GEMM, decode buckets none, and the
+/// weights but the head's own copy take the file's bytes (Q6_K: its
+/// records' padding apart), so no quantized matrix uploads the GEMMs'
+/// plane (16-bit ones have none).
+/// `resident-scales` uploads both planes, so more bytes for every
+/// quantized file and the same for BF16.
+#[test]
+fn expanded_gemm_scales_keep_the_weights_at_the_files_bytes() {
+    use crate::synth::mix;
+    for v in [SynthVariant::E4b, SynthVariant::B12] {
+        let cfg = synth::preset(v);
+        for w in [
+            WeightType::Q8_0,
+            WeightType::Q4_0,
+            WeightType::Q4KM,
+            WeightType::Q5KM,
+            WeightType::Q6K,
+            WeightType::Bf16,
+        ] {
+            let mut bytes = Vec::new();
+            for profile in ["main", "resident-scales"] {
+                let what = format!("{} {} {profile}", v.name(), w.name());
+                let (plan, dims) = synth_plan(profile, &cfg, w, &what);
+                let expand = profile == "main";
+                let mut expanded = 0;
+                for b in &plan.buckets {
+                    let prefill = b.rows > GEMV_MAX_ROWS;
+                    for l in &b.layers {
+                        let mut ms: Vec<&MatmulPlan> = l.qkv.iter().collect();
+                        ms.extend([&l.o, &l.gate_up, &l.down]);
+                        for m in ms {
+                            let quantized = WType::of(m.dim.2).is_some_and(|t| !t.is_16bit());
+                            let f32_planes = m.bindings().iter().any(|b| b.layout == PLANES_F32);
+                            assert_eq!(
+                                m.scales.is_some(),
+                                expand && prefill && quantized && f32_planes,
+                                "{what} bucket {} {:?}",
+                                b.rows,
+                                m.proj
+                            );
+                            if let Some(id) = m.scales {
+                                assert_eq!(plan.launches[id].slot, Slot::ScaleExpand);
+                                assert_eq!(
+                                    plan.launches[id].problem,
+                                    Problem::matmul(1, m.dim.0, m.dim.1, m.dim.2)
+                                );
+                                expanded += 1;
+                            }
+                        }
+                    }
+                }
+                let quantized = w != WeightType::Bf16;
+                assert_eq!(expanded > 0, expand && quantized, "{what}: {expanded}");
+                assert_eq!(
+                    scale_scratch_bytes(&plan) > 0,
+                    expand && quantized,
+                    "{what}"
+                );
+                if expand {
+                    // The head's own copy apart, unless it is the
+                    // table's one copy (the gather reads its planes).
+                    let mut no_head = plan.layouts;
+                    no_head.head_native = !dims.embd_on_head;
+                    let b = model_bytes(&dims, &no_head) as f64;
+                    let ratio = b / dims.file_bytes as f64;
+                    let types = mix::tensor_types(&crate::plan::tensor_plan(&cfg), cfg.n_layers, w);
+                    let bound = if types.contains(&GgmlType::Q6K) {
+                        216.0 / 210.0
+                    } else {
+                        1.0
+                    };
+                    eprintln!("{what}: weights but the head {ratio:.4}x the file");
+                    assert!(ratio <= bound + 1e-9, "{what}: {ratio:.4}x the file");
+                    assert!(ratio > 0.95, "{what}: {ratio:.4}x the file");
+                }
+                bytes.push(model_bytes(&dims, &plan.layouts));
+            }
+            if w == WeightType::Bf16 {
+                assert_eq!(bytes[0], bytes[1], "{} bf16", v.name());
+            } else {
+                assert!(bytes[0] < bytes[1], "{} {}: {bytes:?}", v.name(), w.name());
+            }
+        }
+    }
+}
+
+/// `main` decodes the k-quant projections of a Q4_K_M file on split Q8
+/// records that their inputs' producers write once per step: the
+/// norms and gelu_mul with OUT=Q8_SPLIT, the quantize pre-pass with
+/// OUT=Q8_SPLIT where attention writes f32. `kq-split` reads the f32
+/// rows (each GEMV block splits them itself), with no pre-pass.
+#[test]
+fn kquant_decode_reads_split_records_written_once() {
+    let cfg = synth::preset(SynthVariant::E4b);
+    let out_of = |plan: &ForwardPlan, id: LaunchId| -> String {
+        plan.launches[id]
+            .bound
+            .iter()
+            .find(|(k, _)| *k == "OUT")
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default()
+    };
+    for (profile, want) in [("main", ActFormat::Q8Split), ("kq-split", ActFormat::F32)] {
+        let what = format!("e4b q4_k_m {profile}");
+        let (plan, _) = synth_plan(profile, &cfg, WeightType::Q4KM, &what);
+        let mut prepasses = 0;
+        for b in plan.buckets.iter().filter(|b| b.rows <= GEMV_MAX_ROWS) {
+            for (l, lp) in b.layers.iter().enumerate() {
+                let mut ms: Vec<&MatmulPlan> = lp.qkv.iter().collect();
+                ms.extend([&lp.o, &lp.gate_up, &lp.down]);
+                for m in ms {
+                    if WType::of(m.dim.2).is_some_and(|t| t.is_kquant()) {
+                        assert_eq!(
+                            m.input, want,
+                            "{what} bucket {} layer {l} {:?}",
+                            b.rows, m.proj
+                        );
+                    }
+                }
+                assert_eq!(
+                    out_of(&plan, lp.input_norm),
+                    lp.qkv[0].input.define(),
+                    "{what} layer {l}"
+                );
+                if let Some(g) = lp.gelu {
+                    assert_eq!(out_of(&plan, g), lp.down.input.define(), "{what} layer {l}");
+                }
+                match lp.o.prepass {
+                    Some(pp) => {
+                        assert_eq!(plan.launches[pp.launch].slot, Slot::QuantizeQ8_1);
+                        assert_eq!(out_of(&plan, pp.launch), lp.o.input.define());
+                        prepasses += 1;
+                    }
+                    None => assert!(
+                        lp.o.input == ActFormat::F32 || lp.attention.out == lp.o.input,
+                        "{what} layer {l}: O reads {:?} with no pre-pass",
+                        lp.o.input
+                    ),
+                }
+            }
+        }
+        assert_eq!(prepasses > 0, profile == "main", "{what}: {prepasses}");
+    }
+}
+
+/// The tied head's own copy is uploaded in the type its launches were
+/// planned for (`weights::head_copy_type`), whatever the profile
+/// decides: main keeps a Q6_K head in its plane repack and the gather
+/// reads those planes (no table copy), q8-head converts it to Q8_0
+/// (`head_convert`), strict and q6k-head read the table.
+#[test]
+fn the_head_copy_is_uploaded_in_the_planned_type() {
+    let mut cfg = synth::preset(SynthVariant::Tiny);
+    cfg.d_model = 256;
+    for w in [WeightType::Q4_0, WeightType::Q4KM, WeightType::Q8_0] {
+        for profile in ["main", "strict", "q6k-head", "q8-head", "cublas", "dp4a"] {
+            let planner = Planner::new(
+                Profile::load(profile).expect("profile"),
+                None,
+                DeviceLimits::for_arch(Arch(90)),
+            );
+            let dims = ModelDims::of_synth(&cfg, w, &planner);
+            let kv_type = if profile == "strict" {
+                KvType::F32
+            } else {
+                KvType::F16
+            };
+            let sizing = Sizing {
+                max_seq: 256,
+                ubatch: 64,
+                kv_type,
+            };
+            let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+                .unwrap_or_else(|e| panic!("{profile} {}: {e}", w.name()));
+            let file = w.embedding_type(cfg.d_model as u64);
+            let what = format!("{profile} {} (table {})", w.name(), file.name());
+            if plan.layouts.head_native {
+                assert_eq!(dims.head.2, file, "{what}");
+                continue;
+            }
+            let copy = weights::head_copy_type(&plan.layouts, file);
+            assert_eq!(copy.ggml(), dims.head.2, "{what}");
+            // main reads the Q6_K head from its plane repack, which the
+            // gather shares; q8-head converts it beside the table.
+            let q6k = file == GgmlType::Q6K;
+            if profile == "main" && q6k {
+                assert_eq!(copy, WType::Q6K, "{what}: main keeps Q6_K");
+            }
+            if profile == "q8-head" && q6k {
+                assert_eq!(copy, WType::Q8_0, "{what}: q8-head asks for Q8_0");
+            }
+            let own_head = ["strict", "q6k-head", "q8-head"].contains(&profile);
+            assert_eq!(
+                dims.embd_on_head,
+                q6k && !own_head,
+                "{what}: the gather reads the head's planes"
+            );
+        }
+    }
+}
+
+/// `strict` refuses what it would convert lossily (F32 projections:
+/// no matmul kernel reads them; the mixes' mixed Q|K|V groups), naming
+/// the matrices and why; `main` loads them and lists the conversions;
+/// the uniform native files pass both.
+#[test]
+fn lossless_profiles_refuse_lossy_conversions() {
+    use crate::cuda::engine::refuse_lossy;
+    let cfg = synth::preset(SynthVariant::Tiny);
+    for (w, refused) in [
+        (WeightType::F32, "no matmul kernel reads f32"),
+        (WeightType::Q8_0, ""),
+        (WeightType::F16, ""),
+        (WeightType::Bf16, ""),
+    ] {
+        for profile in ["main", "strict"] {
+            let p = Profile::load(profile).expect("profile");
+            let planner = Planner::new(p.clone(), None, DeviceLimits::for_arch(Arch(90)));
+            let dims = ModelDims::of_synth(&cfg, w, &planner);
+            let r = refuse_lossy(&p, &dims);
+            match (refused, profile) {
+                ("", _) | (_, "main") => {
+                    assert!(r.is_ok(), "{} {profile}: {r:?}", w.name());
+                    assert_eq!(
+                        dims.converted.is_empty(),
+                        refused.is_empty(),
+                        "{}",
+                        w.name()
+                    );
+                }
+                (why, _) => {
+                    let e = r.expect_err("refused").to_string();
+                    assert!(e.contains(why) && e.contains("attn_qkv"), "{e}");
+                }
+            }
+        }
+    }
+}
