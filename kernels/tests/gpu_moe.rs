@@ -19,7 +19,8 @@ use gemtune_kernels::{check_variant, Gpu};
 
 mod common;
 
-use common::{build, gpu, i, s, with};
+use common::{build, build_for, gpu, i, s, with};
+use rayon::prelude::*;
 
 fn moe(
     tokens: usize,
@@ -42,45 +43,68 @@ fn moe(
 /// Checks `d` on every shape the variant validates on; returns the
 /// failures as lines and counts the checked cells.
 fn check_all(gpu: &Gpu, f: &dyn Family, d: &Defines, shapes: &[Problem]) -> (Vec<String>, usize) {
-    let mut valid = Vec::new();
-    for p in shapes {
-        match f.validate(d, p, &gpu.limits()) {
-            Ok(_) => valid.push(p),
-            Err(why) => println!("skip {} {p:?}: {why}", f.name()),
+    check_many(gpu, f, vec![(d.clone(), shapes.to_vec())])
+}
+
+/// `check_all` over several define sets: every set with a shape it
+/// validates on is compiled first, all of them at once on the host's cores
+/// (a cold NVRTC compile of one set takes seconds), then each is checked on
+/// its shapes in turn.
+fn check_many(
+    gpu: &Gpu,
+    f: &dyn Family,
+    jobs: Vec<(Defines, Vec<Problem>)>,
+) -> (Vec<String>, usize) {
+    let limits = gpu.limits();
+    let mut runnable = Vec::new();
+    for (d, shapes) in jobs {
+        let mut valid = Vec::new();
+        for p in shapes {
+            match f.validate(&d, &p, &limits) {
+                Ok(_) => valid.push(p),
+                Err(why) => println!("skip {} {p:?}: {why}", f.name()),
+            }
+        }
+        // A define set the family refuses on every shape (LAYOUT=0 on
+        // Q4_K) is never compiled: its source rejects it with an #error,
+        // as validate does.
+        if !valid.is_empty() {
+            runnable.push((d, valid));
         }
     }
+    let arch = gpu.arch();
+    let compiled: Vec<_> = runnable
+        .par_iter()
+        .map(|(d, _)| build_for(arch, f, d))
+        .collect();
     let mut bad = Vec::new();
     let mut checked = 0;
-    if valid.is_empty() {
-        // A define set the family refuses (LAYOUT=0 on Q4_K) is never
-        // compiled: its source rejects it with an #error, as validate does.
-        return (bad, checked);
-    }
-    let cv = build(gpu, f, d);
-    for p in valid {
-        checked += 1;
-        let tol = f.default_tolerance(d, p);
-        match check_variant(gpu, f, &cv, d, p, 7, &tol) {
-            Ok(r) => {
-                println!(
-                    "{:10} {:50} {}: {} {}",
-                    f.name(),
-                    gemtune_kernels::defines::canonical(d),
-                    p.describe(),
-                    if r.passed { "PASS" } else { "FAIL" },
-                    r.detail
-                );
-                if !r.passed {
-                    bad.push(format!(
-                        "{} {} {}: {}",
+    for ((d, valid), cv) in runnable.iter().zip(&compiled) {
+        for p in valid {
+            checked += 1;
+            let tol = f.default_tolerance(d, p);
+            match check_variant(gpu, f, cv, d, p, 7, &tol) {
+                Ok(r) => {
+                    println!(
+                        "{:10} {:50} {}: {} {}",
                         f.name(),
                         gemtune_kernels::defines::canonical(d),
                         p.describe(),
+                        if r.passed { "PASS" } else { "FAIL" },
                         r.detail
-                    ));
+                    );
+                    if !r.passed {
+                        bad.push(format!(
+                            "{} {} {}: {}",
+                            f.name(),
+                            gemtune_kernels::defines::canonical(d),
+                            p.describe(),
+                            r.detail
+                        ));
+                    }
                 }
+                Err(e) => bad.push(format!("{} {}: error {e}", f.name(), p.describe())),
             }
-            Err(e) => bad.push(format!("{} {}: error {e}", f.name(), p.describe())),
         }
     }
     (bad, checked)
@@ -222,8 +246,7 @@ fn moe_route_ties_rank_the_lower_expert_first() {
 fn moe_gemv_variants_pass() {
     let gpu = gpu();
     let f = family("moe_gemv").expect("registered");
-    let mut bad = Vec::new();
-    let mut checked = 0;
+    let mut jobs = Vec::new();
     for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::F16] {
         let mut shapes = vec![
             moe(1, 128, 8, 2816, 704, t),
@@ -251,12 +274,11 @@ fn moe_gemv_variants_pass() {
             ] {
                 let mut d = with(f.default_defines(t), &over);
                 d.insert("STAGE".into(), s(stage));
-                let (b, n) = check_all(&gpu, f, &d, &shapes);
-                bad.extend(b);
-                checked += n;
+                jobs.push((d, shapes.clone()));
             }
         }
     }
+    let (bad, checked) = check_many(&gpu, f, jobs);
     assert!(checked >= 150, "only {checked} cells checked");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
@@ -409,8 +431,7 @@ fn gemm_shapes(t: GgmlType) -> Vec<Problem> {
 fn moe_gemm_variants_pass() {
     let gpu = gpu();
     let f = family("moe_gemm").expect("registered");
-    let mut bad = Vec::new();
-    let mut checked = 0;
+    let mut jobs = Vec::new();
     for t in [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
@@ -459,10 +480,7 @@ fn moe_gemm_variants_pass() {
             ] {
                 let mut over = over.clone();
                 over.push(("STAGE", s(stage)));
-                let d = with(f.default_defines(t), &over);
-                let (b, n) = check_all(&gpu, f, &d, &shapes);
-                bad.extend(b);
-                checked += n;
+                jobs.push((with(f.default_defines(t), &over), shapes.clone()));
             }
         }
     }
@@ -475,11 +493,12 @@ fn moe_gemm_variants_pass() {
         vec![("STAGE", s("GROUP")), ("BM", i(128))],
         vec![("STAGE", s("COMBINE"))],
     ] {
-        let d = with(f.default_defines(GgmlType::Q8_0), &over);
-        let (b, n) = check_all(&gpu, f, &d, &shapes);
-        bad.extend(b);
-        checked += n;
+        jobs.push((
+            with(f.default_defines(GgmlType::Q8_0), &over),
+            shapes.clone(),
+        ));
     }
+    let (bad, checked) = check_many(&gpu, f, jobs);
     assert!(checked >= 150, "only {checked} cells checked");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

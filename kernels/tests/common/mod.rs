@@ -3,7 +3,7 @@
 //! define maps.
 #![allow(dead_code)]
 
-use gemtune_kernels::compile::{compile, default_cache_dir, CompiledVariant};
+use gemtune_kernels::compile::{compile, default_cache_dir, Arch, CompiledVariant};
 use gemtune_kernels::defines::{DefineValue, Defines};
 use gemtune_kernels::family::Family;
 use gemtune_kernels::Gpu;
@@ -13,7 +13,12 @@ pub fn gpu() -> Gpu {
 }
 
 pub fn build(gpu: &Gpu, f: &dyn Family, d: &Defines) -> CompiledVariant {
-    compile(f, d, gpu.arch(), default_cache_dir().as_deref())
+    build_for(gpu.arch(), f, d)
+}
+
+/// The same for an arch without a GPU handle (compiles on worker threads).
+pub fn build_for(arch: Arch, f: &dyn Family, d: &Defines) -> CompiledVariant {
+    compile(f, d, arch, default_cache_dir().as_deref())
         .unwrap_or_else(|e| panic!("compile failed: {e}"))
 }
 
