@@ -83,7 +83,10 @@ fn synth_then_info_describes_the_tiny_model() {
             .lines()
             .find(|l| l.starts_with(&format!("cuda weights  {profile} (sm_90): ")))
             .unwrap_or_else(|| panic!("no {profile} device-weights line in\n{s}"));
-        assert!(line.ends_with(", 0 lossy conversion(s)"), "{line}");
+        assert!(
+            line.ends_with(", 0 lossy conversion(s), 0 exact widening(s)"),
+            "{line}"
+        );
         let bytes: Vec<u64> = line
             .split_whitespace()
             .filter_map(|w| w.parse().ok())

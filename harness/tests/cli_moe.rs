@@ -85,12 +85,58 @@ fn synth_info_and_cpu_run_of_tiny_moe() {
             .lines()
             .find(|l| l.starts_with(&format!("cuda weights  {profile} (sm_90): ")))
             .unwrap_or_else(|| panic!("no cuda weights line for {profile} in\n{s}"));
-        assert!(line.ends_with(", 0 lossy conversion(s)"), "{line}");
+        assert!(
+            line.ends_with(", 0 lossy conversion(s), 0 exact widening(s)"),
+            "{line}"
+        );
     }
     assert!(!s.contains("cannot plan"), "{s}");
 
     let out = gemtune(&["run", "-m", ps, "-p", "hi", "-n", "4", "--backend", "cpu"]);
     assert_eq!(out.status.code(), Some(0), "{}", log(&out));
+}
+
+/// tiny-moe's d_model of 128 is not whole k-quant super-blocks, so its
+/// q4_k_m mix falls back to Q5_0 and Q8_0 (as llama.cpp's quantizer does
+/// for the 26B-A4B expert and shared down projections). No kernel reads
+/// Q5_0, and the CUDA engine reads those matrices as Q8_0 widened exactly:
+/// `info` counts no lossy conversion under either profile, names every
+/// widened matrix, and `strict` (which refuses lossy conversions) plans it.
+#[test]
+fn q5_0_fallbacks_are_widened_exactly_not_converted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-moe-q4km.gguf");
+    let ps = path.to_str().unwrap();
+    let out = gemtune(&["synth", "tiny-moe", "q4_k_m", ps]);
+    assert_eq!(out.status.code(), Some(0), "{}", log(&out));
+    let out = gemtune(&["info", ps]);
+    assert_eq!(out.status.code(), Some(0), "{}", log(&out));
+    let s = text(&out.stdout);
+    for profile in ["main  ", "strict"] {
+        let line = s
+            .lines()
+            .find(|l| l.starts_with(&format!("cuda weights  {profile} (sm_90): ")))
+            .unwrap_or_else(|| panic!("no cuda weights line for {profile} in\n{s}"));
+        let widened: usize = line
+            .strip_suffix(" exact widening(s)")
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no widening count in {line}"));
+        assert!(line.contains(", 0 lossy conversion(s), "), "{line}");
+        assert!(widened > 0, "{line}");
+    }
+    let widened: Vec<&str> = s
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("widened: "))
+        .collect();
+    assert!(
+        widened
+            .iter()
+            .any(|l| l.contains("ffn_down_exps.weight (q5_0) -> q8_0 planes, exact")),
+        "{s}"
+    );
+    assert!(!s.contains("converted: "), "{s}");
+    assert!(!s.contains("cannot plan"), "{s}");
 }
 
 fn assert_refused(args: &[&str], what: &[&str]) {

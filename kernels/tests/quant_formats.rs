@@ -899,3 +899,84 @@ fn dot_multi_rejects_bad_lengths() {
         })
     ));
 }
+
+/// Q4_0 and Q5_0 rows widened to Q8_0 decode to the file's values bit for
+/// bit: random rows (finite scales of every exponent, random quants) plus
+/// hand blocks at the quants' extremes, whose Q8_0 bytes are written out.
+#[test]
+fn widening_to_q8_0_is_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x51de);
+    for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for blocks in [1usize, 3, 17] {
+            let mut row = vec![0u8; blocks * ty.type_size()];
+            rng.fill_bytes(&mut row);
+            for b in row.chunks_exact_mut(ty.type_size()) {
+                // A finite f16 scale: any sign and mantissa, exponent < 31.
+                let h = (rng.random::<u16>() & 0x83ff) | ((rng.random_range(0u16..31)) << 10);
+                b[..2].copy_from_slice(&h.to_le_bytes());
+            }
+            let mut wide = vec![0u8; blocks * 34];
+            gemtune_kernels::quant::widen_to_q8_0(ty, &row, &mut wide).expect("widen");
+            let want = deq(ty, &row, blocks * 32);
+            let got = deq(GgmlType::Q8_0, &wide, blocks * 32);
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    w.to_bits(),
+                    g.to_bits(),
+                    "{ty} x{blocks} element {i}: {w} vs {g}"
+                );
+            }
+        }
+    }
+    // Q4_0: nibble 0 -> -8, 15 -> 7; Q5_0: 0 -> -16, 31 -> 15 (high bit
+    // from qh).
+    let mut q4 = vec![0u8; 18];
+    q4[..2].copy_from_slice(&H_1);
+    q4[2] = 0xf0; // element 0: 0 -> -8; element 16: 15 -> 7
+    let mut w = vec![0u8; 34];
+    gemtune_kernels::quant::widen_to_q8_0(GgmlType::Q4_0, &q4, &mut w).expect("q4_0");
+    assert_eq!(&w[..2], &H_1);
+    assert_eq!((w[2] as i8, w[18] as i8), (-8, 7));
+    let mut q5 = vec![0u8; 22];
+    q5[..2].copy_from_slice(&H_2);
+    q5[2..6].copy_from_slice(&(1u32 << 16).to_le_bytes()); // element 16's high bit
+    q5[6] = 0xf0; // element 0: 0 -> -16; element 16: 15 | 16 -> 15
+    gemtune_kernels::quant::widen_to_q8_0(GgmlType::Q5_0, &q5, &mut w).expect("q5_0");
+    assert_eq!(&w[..2], &H_2);
+    assert_eq!((w[2] as i8, w[18] as i8), (-16, 15));
+}
+
+/// Types without an exact Q8_0 form, partial blocks and a destination of
+/// the wrong size are refused, and the destination is left as it was.
+#[test]
+fn widening_refuses_what_it_cannot_do_exactly() {
+    use gemtune_kernels::quant::{widen_to_q8_0, widens_exactly_to_q8_0};
+    let mut dst = vec![0xabu8; 34];
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::F16,
+        GgmlType::F32,
+    ] {
+        assert!(!widens_exactly_to_q8_0(ty), "{ty}");
+        let src = vec![0u8; ty.type_size()];
+        assert_eq!(
+            widen_to_q8_0(ty, &src, &mut dst),
+            Err(QuantError::Unsupported {
+                ty,
+                op: QuantOp::Widen
+            })
+        );
+    }
+    assert!(matches!(
+        widen_to_q8_0(GgmlType::Q5_0, &[0u8; 21], &mut dst),
+        Err(QuantError::PartialBlockBytes { .. })
+    ));
+    assert!(matches!(
+        widen_to_q8_0(GgmlType::Q5_0, &[0u8; 44], &mut dst),
+        Err(QuantError::SizeMismatch { .. })
+    ));
+    assert!(dst.iter().all(|&b| b == 0xab));
+}

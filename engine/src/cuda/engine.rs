@@ -119,6 +119,8 @@ pub struct CudaEngine<'m> {
     pub(super) file_weight_bytes: u64,
     /// Every weight converted lossily at load (`ModelDims::converted`).
     pub(super) conversions: Vec<String>,
+    /// Every weight read widened, values kept (`ModelDims::widened`).
+    pub(super) widenings: Vec<String>,
 }
 
 pub(super) fn dev(e: GpuError) -> EngineError {
@@ -245,6 +247,7 @@ impl<'m> CudaEngine<'m> {
             step_reads,
             file_weight_bytes: dims.file_bytes,
             conversions: dims.converted,
+            widenings: dims.widened,
         })
     }
 
@@ -270,6 +273,11 @@ impl<'m> CudaEngine<'m> {
     /// every weight is read in its own type).
     pub fn conversions(&self) -> &[String] {
         &self.conversions
+    }
+    /// Lines naming every matrix read in a wider type than the file's with
+    /// every value kept (Q4_0 / Q5_0 as Q8_0).
+    pub fn widenings(&self) -> &[String] {
+        &self.widenings
     }
     /// Device bytes of the bf16 weight copies of the cuBLAS profile.
     pub fn extra_bf16_bytes(&self) -> u64 {
@@ -362,6 +370,9 @@ impl<'m> CudaEngine<'m> {
         for c in &self.conversions {
             v.push(format!("converted at load: {c}"));
         }
+        for w in &self.widenings {
+            v.push(format!("widened at load: {w}"));
+        }
         // In the "slot: kernel <- why" form, so `ab` lists it among the
         // differing slots when the arms differ in it.
         let chained = self.chains_decode();
@@ -410,6 +421,8 @@ pub struct WeightPlan {
     pub file_bytes: u64,
     /// Every lossy conversion at load (`ModelDims::converted`).
     pub converted: Vec<String>,
+    /// Every exact widening at load (`ModelDims::widened`).
+    pub widened: Vec<String>,
 }
 
 /// Plans `model` under `profile` on `arch` (with the committed tuned table
@@ -439,6 +452,7 @@ pub fn weight_plan(
         device_bytes: super::model_dims::model_bytes(&dims, &plan.layouts),
         file_bytes: dims.file_bytes,
         converted: dims.converted,
+        widened: dims.widened,
     })
 }
 

@@ -46,6 +46,9 @@ pub struct ModelDims {
     /// One line per matrix or table converted lossily at load
     /// (`weights::conversion`).
     pub converted: Vec<String>,
+    /// One line per matrix or table read in a wider type than the file's,
+    /// every value kept (`weights::widening`: Q4_0 / Q5_0 as Q8_0).
+    pub widened: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -85,6 +88,7 @@ struct DimsBuilder<'a> {
     ty: &'a dyn Fn(&str) -> GgmlType,
     file_bytes: u64,
     converted: Vec<String>,
+    widened: Vec<String>,
 }
 
 impl DimsBuilder<'_> {
@@ -97,6 +101,9 @@ impl DimsBuilder<'_> {
         let wt = weights::device_type(&types);
         if let Some(c) = weights::conversion(&types, wt) {
             self.converted.push(format!("{fused} {c}"));
+        }
+        if let Some(w) = weights::widening(&types, wt.ggml()) {
+            self.widened.push(format!("{fused} {w}"));
         }
         (parts.iter().map(|p| p.1).sum(), k, wt.ggml())
     }
@@ -121,7 +128,9 @@ impl DimsBuilder<'_> {
         let rt = (self.ty)(&rn);
         self.file_bytes += weights::gguf_bytes(rt, e, d);
         let router = weights::router_type(rt);
-        if router != rt {
+        if let Some(w) = weights::widening(&[rt], router) {
+            self.widened.push(format!("{rn} {w}"));
+        } else if router != rt {
             self.converted.push(format!(
                 "{rn} ({}) -> {} router, lossy: moe_route reads {}",
                 rt.name(),
@@ -148,7 +157,9 @@ impl DimsBuilder<'_> {
         let t = (self.ty)(name);
         self.file_bytes += weights::gguf_bytes(t, rows, k);
         let dev = weights::table_type(t);
-        if dev != t {
+        if let Some(w) = weights::widening(&[t], dev) {
+            self.widened.push(format!("{name} {w}"));
+        } else if dev != t {
             self.converted.push(format!(
                 "{name} ({}) -> {} table, lossy: the embed kernels read {}",
                 t.name(),
@@ -238,6 +249,7 @@ impl ModelDims {
             ty,
             file_bytes: 0,
             converted: Vec::new(),
+            widened: Vec::new(),
         };
         let name = |l: usize, s: &str| crate::plan::layer_tensor_name(l, s);
         let layers = cfg
@@ -289,7 +301,9 @@ impl ModelDims {
         let (embd_type, mut table_bytes) = b.table("token_embd.weight", cfg.vocab_size, d);
         let embd_file = ty("token_embd.weight");
         let head_t = head_type(planner, embd_file, cfg.vocab_size, d);
-        if embd_file != head_t && planner.profile.head_convert == Some(head_t) {
+        if let Some(w) = weights::widening(&[embd_file], head_t) {
+            b.widened.push(format!("token_embd (head) {w}"));
+        } else if embd_file != head_t && planner.profile.head_convert == Some(head_t) {
             b.converted.push(format!(
                 "token_embd (head) ({}) -> {} planes, lossy: profile {} asks for it (head_convert)",
                 embd_file.name(),
@@ -326,6 +340,7 @@ impl ModelDims {
             embd_on_head,
             file_bytes: b.file_bytes,
             converted: b.converted,
+            widened: b.widened,
         }
     }
 }

@@ -15,7 +15,12 @@
 //!   `attn_v` beside Q4_K `attn_q`/`attn_k`) is split into runs of one type
 //!   (`fused_runs`), each its own matrix and launch. A gate|up whose types
 //!   differ, and a matrix of a type no matmul kernel reads (F32, Q5_0,
-//!   ...), is dequantized and requantized to Q8_0 at load: 8.5 bits per weight, a relative error per weight of at
+//!   ...), is read as Q8_0. Where every part is Q8_0, Q4_0 or Q5_0 (the
+//!   Q5_0 fallbacks of Q4_K_M files) that is exact (`widening`,
+//!   `quant::widen_to_q8_0`: each block's scale kept, its quants re-centred
+//!   into int8; more bytes, the same values), listed in
+//!   `ModelDims::widened`. Otherwise the rows are dequantized and
+//!   requantized: 8.5 bits per weight, a relative error per weight of at
 //!   most 1/254 of its 32-block's largest magnitude, on top of the file's
 //!   own quantization. `ModelDims::converted` lists every such matrix
 //!   before the upload, so `run`/`bench` say so, and a lossless profile
@@ -43,7 +48,9 @@ use gemtune_kernels::bind::matmul::{
 use gemtune_kernels::bind::{ActFormat, NULL};
 use gemtune_kernels::family::WType;
 use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
-use gemtune_kernels::quant::{dequantize_row, quantize_row, GgmlType};
+use gemtune_kernels::quant::{
+    dequantize_row, quantize_row, widen_to_q8_0, widens_exactly_to_q8_0, GgmlType,
+};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -267,10 +274,11 @@ pub fn qkv_run_name(l: usize, j: usize, runs: usize) -> String {
     }
 }
 
-/// Why matrices of file types `parts` fused into one are converted to
-/// `wt` (`device_type`), or `None` when they are read as they are.
+/// Why matrices of file types `parts` fused into one are converted lossily
+/// to `wt` (`device_type`), or `None` when they are read as they are or
+/// widened exactly (`widening`).
 pub fn conversion(parts: &[GgmlType], wt: WType) -> Option<String> {
-    if parts.iter().all(|&t| t == wt.ggml()) {
+    if parts.iter().all(|&t| t == wt.ggml()) || widening(parts, wt.ggml()).is_some() {
         return None;
     }
     let names: Vec<&str> = parts.iter().map(|t| t.name()).collect();
@@ -282,6 +290,32 @@ pub fn conversion(parts: &[GgmlType], wt: WType) -> Option<String> {
         "({}) -> {} planes, lossy: {why}",
         names.join(", "),
         wt.ggml().name()
+    ))
+}
+
+/// Whether rows of file type `from` uploaded as `to` keep every value:
+/// the same type, or a widening to Q8_0 (`quant::widen_to_q8_0`).
+pub fn exact_as(from: GgmlType, to: GgmlType) -> bool {
+    from == to || (to == GgmlType::Q8_0 && widens_exactly_to_q8_0(from))
+}
+
+/// The line naming an exact widening of matrices of file types `parts` to
+/// `to` (Q8_0 from Q4_0 / Q5_0 parts, alone or beside Q8_0 ones), or `None`
+/// when they are read as they are or converted lossily (`conversion`).
+pub fn widening(parts: &[GgmlType], to: GgmlType) -> Option<String> {
+    if parts.iter().all(|&t| t == to) || !parts.iter().all(|&t| exact_as(t, to)) {
+        return None;
+    }
+    let names: Vec<&str> = parts.iter().map(|t| t.name()).collect();
+    let why = match parts.iter().find(|&&t| WType::of(t).is_none()) {
+        Some(t) => format!("no matmul kernel reads {} weights", t.name()),
+        None => "the fused parts' types differ and one kernel reads them".to_string(),
+    };
+    Some(format!(
+        "({}) -> {} planes, exact (block scales kept, quants re-centred into int8; {} B per 32 weights): {why}",
+        names.join(", "),
+        to.name(),
+        to.type_size(),
     ))
 }
 
@@ -448,8 +482,9 @@ impl HostCopies {
 }
 
 /// The rows of `parts` (same k), concatenated, as GGUF blocks of the device
-/// type: copied as they are when the file type is the device type, else
-/// dequantized and requantized to Q8_0.
+/// type: copied as they are when the file type is the device type, widened
+/// exactly when it has an exact Q8_0 form (`exact_as`), else dequantized
+/// and requantized to Q8_0.
 fn device_blocks(model: &Model, parts: &[&MatRef], wt: WType) -> Result<Vec<u8>, GpuError> {
     let k = parts[0].n_in;
     let row_out = wt.row_bytes(k);
@@ -461,6 +496,13 @@ fn device_blocks(model: &Model, parts: &[&MatRef], wt: WType) -> Result<Vec<u8>,
         let dst = &mut out[o * row_out..(o + p.n_out) * row_out];
         if p.ty == wt.ggml() {
             dst.copy_from_slice(&src[..p.n_out * row_out]);
+        } else if exact_as(p.ty, wt.ggml()) {
+            dst.par_chunks_mut(row_out)
+                .zip(src.par_chunks(p.row_bytes))
+                .try_for_each(|(d, s)| {
+                    widen_to_q8_0(p.ty, s, d)
+                        .map_err(|e| GpuError::Other(format!("{}: {e}", p.name)))
+                })?;
         } else {
             dst.par_chunks_mut(row_out)
                 .zip(src.par_chunks(p.row_bytes))
@@ -642,7 +684,8 @@ impl MoeLayerWeights {
 /// The expert stacks `parts` (same input width and expert count) as one
 /// matrix of device type `wt` in GGUF blocks: for each expert in turn, its
 /// rows of every part (gate then up for the fused gate|up), copied when
-/// the file's type is `wt`, else requantized to Q8_0.
+/// the file's type is `wt`, widened exactly when it can be (`exact_as`),
+/// else requantized to Q8_0.
 fn expert_blocks(model: &Model, parts: &[&ExpertMats], wt: WType) -> Result<Vec<u8>, GpuError> {
     let k = parts[0].n_in;
     let n_exp = parts[0].n_experts;
@@ -657,13 +700,17 @@ fn expert_blocks(model: &Model, parts: &[&ExpertMats], wt: WType) -> Result<Vec<
             for p in parts {
                 let src = model.expert_bytes(p, e);
                 let d = &mut dst[o * row_out..(o + p.n_out) * row_out];
+                let err = |e: gemtune_kernels::quant::QuantError| {
+                    GpuError::Other(format!("{}: {e}", p.name))
+                };
                 if p.ty == wt.ggml() {
                     d.copy_from_slice(&src[..p.n_out * row_out]);
+                } else if exact_as(p.ty, wt.ggml()) {
+                    for (dr, sr) in d.chunks_mut(row_out).zip(src.chunks(p.row_bytes)) {
+                        widen_to_q8_0(p.ty, sr, dr).map_err(err)?;
+                    }
                 } else {
                     for (dr, sr) in d.chunks_mut(row_out).zip(src.chunks(p.row_bytes)) {
-                        let err = |e: gemtune_kernels::quant::QuantError| {
-                            GpuError::Other(format!("{}: {e}", p.name))
-                        };
                         dequantize_row(p.ty, sr, &mut f).map_err(err)?;
                         quantize_row(wt.ggml(), &f, dr).map_err(err)?;
                     }
@@ -1035,5 +1082,38 @@ mod tests {
         assert!(mixed.contains("differ"), "{mixed}");
         let f32 = conversion(&[F32], WType::Q8_0).expect("converted");
         assert!(f32.contains("no matmul kernel reads f32"), "{f32}");
+    }
+
+    /// Q5_0 (and Q4_0 beside Q8_0 or Q5_0) read as Q8_0 is a widening, not
+    /// a lossy conversion; a part with no exact Q8_0 form makes the whole
+    /// fused matrix a lossy conversion, as before.
+    #[test]
+    fn q8_0_widenings_are_not_lossy_conversions() {
+        use GgmlType::*;
+        for parts in [
+            &[Q5_0][..],
+            &[Q5_0, Q5_0, Q8_0],
+            &[Q4_0, Q8_0],
+            &[Q5_0, Q4_0],
+        ] {
+            let wt = device_type(parts);
+            assert_eq!(wt, WType::Q8_0, "{parts:?}");
+            assert!(conversion(parts, wt).is_none(), "{parts:?}");
+            let w = widening(parts, wt.ggml()).expect("widened");
+            assert!(w.contains("-> q8_0 planes, exact"), "{w}");
+        }
+        for parts in [&[Q8_0][..], &[Q4_0], &[Q4K]] {
+            assert!(
+                widening(parts, device_type(parts).ggml()).is_none(),
+                "{parts:?}"
+            );
+        }
+        for parts in [&[Q5_1][..], &[Q4_1], &[Q5_0, Q4K], &[Q5_0, F16], &[F32]] {
+            let wt = device_type(parts);
+            assert!(widening(parts, wt.ggml()).is_none(), "{parts:?}");
+            assert!(conversion(parts, wt).is_some(), "{parts:?}");
+        }
+        assert!(exact_as(Q5_0, Q8_0) && exact_as(Q6K, Q6K));
+        assert!(!exact_as(Q5_0, Q4_0) && !exact_as(Q8_0, Q5_0));
     }
 }

@@ -200,14 +200,18 @@ pub fn device_weights(model: &gemtune_engine::model::Model) -> anyhow::Result<St
         };
         writeln!(
             s,
-            "cuda weights  {name:<6} (sm_90): {} B on the device for {} B of file tensors ({:.3}x), {} lossy conversion(s)",
+            "cuda weights  {name:<6} (sm_90): {} B on the device for {} B of file tensors ({:.3}x), {} lossy conversion(s), {} exact widening(s)",
             w.device_bytes,
             w.file_bytes,
             w.device_bytes as f64 / w.file_bytes.max(1) as f64,
-            w.converted.len()
+            w.converted.len(),
+            w.widened.len()
         )?;
         for c in &w.converted {
             writeln!(s, "              converted: {c}")?;
+        }
+        for c in &w.widened {
+            writeln!(s, "              widened: {c}")?;
         }
     }
     Ok(s)

@@ -26,7 +26,7 @@ pub(crate) fn check_encoded(
     what: &'static str,
 ) -> Result<(), QuantError> {
     let supported = match op {
-        QuantOp::Dequantize | QuantOp::Dot => ty.can_dequantize(),
+        QuantOp::Dequantize | QuantOp::Dot | QuantOp::Widen => ty.can_dequantize(),
         QuantOp::Quantize => ty.can_quantize(),
     };
     if !supported {

@@ -9,6 +9,8 @@ pub enum QuantOp {
     Dequantize,
     Quantize,
     Dot,
+    /// Exact widening to Q8_0 (`widen_to_q8_0`).
+    Widen,
 }
 
 impl std::fmt::Display for QuantOp {
@@ -17,6 +19,7 @@ impl std::fmt::Display for QuantOp {
             QuantOp::Dequantize => "dequantization",
             QuantOp::Quantize => "quantization",
             QuantOp::Dot => "dot product",
+            QuantOp::Widen => "exact widening to Q8_0",
         })
     }
 }

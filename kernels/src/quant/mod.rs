@@ -5,7 +5,8 @@
 //! [`quantize_row`] (f32 to bytes with ggml's reference rounding) and
 //! [`dot_row_f32`] (fused dequantize-and-dot for the CPU engine).
 //! [`blocks`] documents each byte layout; [`repack`] holds the lossless
-//! k-quant plane repacks the matmul kernels read.
+//! k-quant plane repacks the matmul kernels read; [`widen_to_q8_0`] writes
+//! Q4_0 / Q5_0 rows as Q8_0 with every value kept.
 
 pub mod blocks;
 mod dequant;
@@ -13,11 +14,13 @@ mod dot;
 mod error;
 mod quantize;
 pub mod repack;
+mod widen;
 
 pub use dequant::{dequantize_row, dequantize_to_vec};
 pub use dot::{dot_row_f32, dot_row_multi_f32};
 pub use error::{QuantError, QuantOp};
 pub use quantize::{quantize_row, quantize_to_vec};
+pub use widen::{widen_to_q8_0, widens_exactly_to_q8_0};
 
 use std::fmt;
 
