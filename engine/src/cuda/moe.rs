@@ -509,7 +509,8 @@ mod tests {
     /// tiny-moe at d_model 256 with experts of 128 (the GPU tests'
     /// `tiny_moe_wide`): main's prefill buckets run the grouped GEMMs on
     /// every type the GPU test covers, including the Q4_K_M mix whose
-    /// 128-wide down stacks are not whole super-blocks (converted to Q8_0).
+    /// 128-wide down stacks are not whole super-blocks (Q5_0 and Q8_0
+    /// fallbacks; the Q5_0 ones read as Q8_0 widened exactly).
     #[test]
     fn a_tiny_moe_with_64_multiple_widths_plans_the_grouped_gemms() {
         let mut cfg = synth::preset(SynthVariant::TinyMoe);
