@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU call A (one H100, about 10 minutes): what the 2026-11-28 session built
+# GPU call A (one H100, about 10 minutes): what the sixth 2026-11-27 session built
 # without a GPU (its device time was spent). Stage first, here:
 #   bash ../shared/tools/stage-gpu.sh
 #   tar -C . -cf - .gpu/bin .gpu/run.sh $(ls -d .gpu/tests/cuda_moe-* \
 #     .gpu/tests/gpu_moe-* .gpu/tests/cuda_parity-*) | xz -9 -T2 > .gpubase/stage.tar.xz
 # then `run` with carry [".gpubase"], kind nvidia-h100-x1, and
-#   bash reports/pending-gpu-2026-11-28/callA.sh
+#   bash reports/pending-gpu-2026-11-27/callA.sh
 set -u
 cd "$(dirname "$0")/../.."
 tar -xJf .gpubase/stage.tar.xz -C . || exit 4
