@@ -13,6 +13,10 @@
 //! must not depend on its position in a tile; the rows of skipped pairs in
 //! their activations are NaN (never to be read), and their output rows must
 //! keep the poison (never written).
+//!
+//! The parts: `reference` (the check's routing, inputs, GEMM references and
+//! COMBINE replay), `workloads` (one per stage); this file holds the
+//! family: stages, tiles, validation, launch geometry, tolerances.
 
 use super::gemm_dq::rounded_operands_tolerance;
 use super::gemv::fp_rms_bound;
