@@ -7,7 +7,7 @@ use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass};
 use gemtune_kernels::bind::ActFormat;
 
 use super::launch::LaunchId;
-use super::moe::MoePlan;
+use super::MoePlan;
 use crate::config::AttnKind;
 use crate::cuda::model_dims::MatDim;
 use crate::cuda::slots::{Proj, Slot};

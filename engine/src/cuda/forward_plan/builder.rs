@@ -12,9 +12,12 @@ use gemtune_kernels::families::scale_expand;
 use gemtune_kernels::family::{Problem, RowsProblem, WType};
 use gemtune_kernels::quant::GgmlType;
 
-use super::bucket::*;
-use super::launch::*;
-use super::problems::*;
+use super::bucket::{
+    AttnPlan, BucketPlan, HeadPlan, LayerPlan, MatmulExec, MatmulPlan, PleInputsPlan, PleLayerPlan,
+    PrepassPlan,
+};
+use super::launch::{Entry, GridRule, LaunchId, PlannedLaunch};
+use super::problems::{attn_problem, norm_bound, out_bound, rows_problem, Sizing};
 use crate::config::Gemma4Config;
 use crate::cuda::model_dims::{MatDim, ModelDims};
 use crate::cuda::planner::{PlanError, Planner, GEMV_BLOCK};

@@ -7,13 +7,13 @@ use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
 use gemtune_kernels::quant::GgmlType;
 use std::sync::Arc;
 
-use super::super::slots::Proj;
 use super::host::{device_blocks, expert_blocks, HostCopies};
 use super::{
     device_type, fused_runs, head_copy_type, planned_bytes, qkv_run_name, router_type, GpuMatrix,
     Layouts, ProjLayouts, EMBED_TYPES,
 };
 use crate::config::AttnKind;
+use crate::cuda::slots::Proj;
 use crate::model::{ExpertMats, MatRef, Model};
 use crate::rope::RopeFreqs;
 
