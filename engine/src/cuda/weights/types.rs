@@ -51,18 +51,15 @@ pub fn qkv_run_name(l: usize, j: usize, runs: usize) -> String {
 /// to `wt` (`device_type`), or `None` when they are read as they are or
 /// widened exactly (`widening`).
 pub fn conversion(parts: &[GgmlType], wt: WType) -> Option<String> {
-    if parts.iter().all(|&t| t == wt.ggml()) || widening(parts, wt.ggml()).is_some() {
+    let to = wt.ggml();
+    if parts.iter().all(|&t| exact_as(t, to)) {
         return None;
     }
-    let names: Vec<&str> = parts.iter().map(|t| t.name()).collect();
-    let why = match parts.iter().find(|&&t| WType::of(t).is_none()) {
-        Some(t) => format!("no matmul kernel reads {} weights", t.name()),
-        None => "the fused parts' types differ and one kernel reads them".to_string(),
-    };
     Some(format!(
-        "({}) -> {} planes, lossy: {why}",
-        names.join(", "),
-        wt.ggml().name()
+        "{} -> {} planes, lossy: {}",
+        type_list(parts),
+        to.name(),
+        why_not_native(parts)
     ))
 }
 
@@ -79,17 +76,27 @@ pub fn widening(parts: &[GgmlType], to: GgmlType) -> Option<String> {
     if parts.iter().all(|&t| t == to) || !parts.iter().all(|&t| exact_as(t, to)) {
         return None;
     }
-    let names: Vec<&str> = parts.iter().map(|t| t.name()).collect();
-    let why = match parts.iter().find(|&&t| WType::of(t).is_none()) {
-        Some(t) => format!("no matmul kernel reads {} weights", t.name()),
-        None => "the fused parts' types differ and one kernel reads them".to_string(),
-    };
     Some(format!(
-        "({}) -> {} planes, exact (block scales kept, quants re-centred into int8; {} B per 32 weights): {why}",
-        names.join(", "),
+        "{} -> {} planes, exact (block scales kept, quants re-centred into int8; {} B per 32 weights): {}",
+        type_list(parts),
         to.name(),
         to.type_size(),
+        why_not_native(parts)
     ))
+}
+
+/// `(t1, t2, ...)`: the file types of a fused matrix's parts.
+fn type_list(parts: &[GgmlType]) -> String {
+    let names: Vec<&str> = parts.iter().map(|t| t.name()).collect();
+    format!("({})", names.join(", "))
+}
+
+/// Why parts of file types `parts` are not read in their own type.
+fn why_not_native(parts: &[GgmlType]) -> String {
+    match parts.iter().find(|&&t| WType::of(t).is_none()) {
+        Some(t) => format!("no matmul kernel reads {} weights", t.name()),
+        None => "the fused parts' types differ and one kernel reads them".to_string(),
+    }
 }
 
 /// Embedding-table types the `embed` and `ple` kernels read as they are;
