@@ -23,8 +23,15 @@
 //!
 //! A slot is looked up by its full name (`gemm.down`), then by its group
 //! (`gemm`); a `@TYPE` suffix (`gemv@Q4_0`) restricts an entry to matmuls
-//! whose weights have that type, and wins over the plain name. Defines bound to the call site (`WTYPE`, `KV_TYPE`, the output
-//! format `OUT`) are never written in a profile: the engine sets them.
+//! whose weights have that type, and wins over the plain name. A profile
+//! with a `base` takes the base's entries, except those its own entries
+//! cover: an entry replaces every base entry it generalizes (`gemv`
+//! replaces the base's `gemv@Q4_0`, `gemv.head` and `gemv.head@Q6_K`;
+//! `gemv@Q8_0` replaces `gemv.o@Q8_0`), so writing `[slot.gemv]` in a
+//! derived profile sets every GEMV the profile does not name more
+//! narrowly itself, whatever the base specializes. Defines bound to the
+//! call site (`WTYPE`, `KV_TYPE`, the output format `OUT`) are never
+//! written in a profile: the engine sets them.
 //! Profiles are data: the engine embeds the committed ones and reads any
 //! other from a path. Reading one checks what needs no model or device
 //! (slot names, registered families, declared and unbound defines,
@@ -411,10 +418,36 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "kq-split",
         include_str!("../../variants/profiles/kq-split.toml"),
     ),
+    (
+        "q8-fma",
+        include_str!("../../variants/profiles/q8-fma.toml"),
+    ),
+    (
+        "q8-fused",
+        include_str!("../../variants/profiles/q8-fused.toml"),
+    ),
 ];
 
 fn slot_group(slot: &str) -> &str {
     slot.split('.').next().unwrap_or(slot)
+}
+
+/// Whether entry key `general` covers the strictly narrower key `narrow`:
+/// the same slot or a slot of the same group (`gemv` covers `gemv.head`),
+/// and the same weight type or none (`gemv` covers `gemv@Q4_0`,
+/// `gemv@Q8_0` covers `gemv.o@Q8_0`, `gemv@Q8_0` does not cover
+/// `gemv.o@Q4_0`).
+fn generalizes(general: &str, narrow: &str) -> bool {
+    let split = |k: &str| -> (String, Option<String>) {
+        match k.split_once('@') {
+            Some((b, w)) => (b.to_string(), Some(w.to_ascii_uppercase())),
+            None => (k.to_string(), None),
+        }
+    };
+    let ((gb, gt), (nb, nt)) = (split(general), split(narrow));
+    let slot_covered = nb == gb || (!gb.contains('.') && nb.starts_with(&format!("{gb}.")));
+    let type_covered = gt.is_none() || gt == nt;
+    general != narrow && slot_covered && type_covered
 }
 
 /// Whether `name` is a slot or a slot group, optionally restricted to a
@@ -538,6 +571,18 @@ impl Profile {
         for (k, v) in f.fallback {
             check_choice(&loc, "fallback", &k, &v.family, &v.defines)?;
             p.fallbacks.insert(k, v);
+        }
+        // The base's entries that this profile's entries generalize give
+        // way before any of this profile's own entries go in.
+        let covered: Vec<String> = p
+            .slots
+            .keys()
+            .filter(|k| f.slot.keys().any(|own| generalizes(own, k)))
+            .cloned()
+            .collect();
+        for k in covered {
+            p.slots.remove(&k);
+            p.origins.remove(&k);
         }
         for (slot, c) in f.slot {
             if !known_slot(&slot) {
@@ -682,11 +727,54 @@ mod tests {
         ));
     }
 
+    /// An entry of a derived profile replaces the base entries it covers
+    /// (same slot or a slot of its group; same weight type or none) and
+    /// no others, and never the profile's own narrower entries.
+    #[test]
+    fn a_derived_entry_replaces_the_base_entries_it_covers() {
+        for (general, narrow, covers) in [
+            ("gemv", "gemv@Q4_0", true),
+            ("gemv", "gemv.head", true),
+            ("gemv", "gemv.head@Q6_K", true),
+            ("gemv@Q8_0", "gemv.o@Q8_0", true),
+            ("gemv@Q8_0", "gemv.o@q8_0", true),
+            ("gemv.head", "gemv.head@Q6_K", true),
+            ("gemv@Q8_0", "gemv.o@Q4_0", false),
+            ("gemv@Q8_0", "gemv", false),
+            ("gemv.o", "gemv@Q4_0", false),
+            ("gemv.o", "gemv.ple", false),
+            ("gemv", "gemv", false),
+            ("gemm", "gemv@Q4_0", false),
+            ("moe_gemv", "moe_gemv.down", true),
+        ] {
+            assert_eq!(generalizes(general, narrow), covers, "{general} / {narrow}");
+        }
+        let text = "name = \"x\"\nbase = \"main\"\n\n[slot.gemv]\nfamily = \"gemv\"\ndefines = { ALGO = 0 }\n\n[slot.\"gemv@Q4_K\"]\nfamily = \"gemv\"\ndefines = { ALGO = 3 }\n";
+        let p = Profile::parse("x.toml", text).expect("parses");
+        let main = Profile::load("main").expect("main");
+        assert!(main.slots.contains_key("gemv.head@Q6_K"));
+        assert!(!p.slots.contains_key("gemv.head@Q6_K"), "covered by gemv");
+        assert!(!p.slots.contains_key("gemv@Q8_0"), "covered by gemv");
+        assert_eq!(
+            p.origin_of("gemv.down", Some("Q4_K")),
+            "x.toml:8",
+            "its own narrower entry"
+        );
+        assert_eq!(p.origin_of("gemv.head", Some("Q6_K")), "x.toml:4");
+        // Other groups keep the base's entries.
+        assert_eq!(p.slots.get("gemm.down"), main.slots.get("gemm.down"));
+    }
+
     #[test]
     fn errors_and_origins_name_the_file_and_line() {
         let text = "name = \"x\"\nbase = \"main\"\n\n[slot.gemv]\nfamily = \"gemv\"\ndefines = { ALGO = 0 }\n";
         let p = Profile::parse("x.toml", text).expect("parses");
-        assert_eq!(p.origin_of("gemv.qkv", Some("Q8_0")), "x.toml:4");
+        for ty in ["F16", "Q8_0", "Q4_0", "Q6_K"] {
+            assert_eq!(p.origin_of("gemv.qkv", Some(ty)), "x.toml:4", "{ty}");
+        }
+        // Where this profile says nothing, the base's entry and line stay.
+        let narrow = "name = \"x\"\nbase = \"main\"\n\n[slot.\"gemv.o\"]\nfamily = \"gemv\"\ndefines = { ALGO = 0 }\n";
+        let q = Profile::parse("x.toml", narrow).expect("parses");
         let main_line = BUILTIN[0]
             .1
             .lines()
@@ -694,9 +782,10 @@ mod tests {
             .expect("main serves gemv@Q4_0")
             + 1;
         assert_eq!(
-            p.origin_of("gemv.qkv", Some("Q4_0")),
+            q.origin_of("gemv.qkv", Some("Q4_0")),
             format!("builtin:main:{main_line}")
         );
+        assert_eq!(q.origin_of("gemv.o", Some("Q4_0")), "x.toml:4");
         let e = Profile::parse("x.toml", &text.replace("\"gemv\"\n", "\"gemvv\"\n"))
             .unwrap_err()
             .to_string();

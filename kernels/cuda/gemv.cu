@@ -57,7 +57,10 @@
 //      records that a producer wrote once per step (act_out.cuh or the
 //      quantize_q8_1 pre-pass with OUT=Q8_SPLIT): xq is XSplit[NT][k/32]
 //      (q8_split.cuh), xds unused. No per-block split, no shared memory: a
-//      lane reads its group's 80-byte record with five 16-byte loads.
+//      lane reads its group's 80-byte record with five 16-byte loads (three
+//      for a Q8_0 chunk, which is half a group). Planes of the k-quants and
+//      of Q8_0 and Q4_0 (LAYOUT 1): for Q8_0 this keeps dp4a's integer
+//      path at about 15-bit activations where ALGO 1's Q8_1 carries 8.
 //   XSMEM=1 (ALGO 0): each block first copies the f32 rows x[NT][k] into
 //      shared memory, 4 floats of padding after every 32-element group
 //      (NT * k * 4.5 bytes of dynamic shared memory), and the chunks read
@@ -66,7 +69,12 @@
 //      lines per warp-wide load, which binds the FMA path well before HBM
 //      does. In padded shared memory the same reads are conflict-free. The
 //      price is the copy: k * 4 * NT bytes from L2 per block.
-// Output y[NT][n] f32, every element written exactly once.
+// Output, per OUT: F32: y[NT][n] f32, every element written exactly once;
+// Q8_SPLIT: the same values (gelu(G x) * (U x) with FUSE=1) as split Q8
+// records XSplit[NT][n / 32] (q8_split.cuh), the input the next GEMV reads
+// with ALGO 3, so no producer pass stands between the two GEMVs (the FFN's
+// gate|up and down). n must be a multiple of 32 and a block's rows,
+// (WARPS / KSPLIT) * ROWS, a multiple of 32: the block owns whole records.
 //
 // Grid: 1-D, grid.x = ceil(n / ((WARPS/KSPLIT)*ROWS)), block = WARPS*32
 // threads. The warps form WARPS/KSPLIT row groups of KSPLIT warps; a group
@@ -85,7 +93,9 @@
 // activations. ALGO 2: approx with a tolerance two orders below ALGO 1's
 // (the split's residual noise, about 1e-5 of the activations' RMS), and
 // tight against the CPU replay of the split. ALGO 3: as ALGO 2 (the same
-// records, made by the producer).
+// records, made by the producer). OUT=Q8_SPLIT adds the output split's
+// rounding (about 1e-5 of the outputs' RMS) to each contract's bound, and
+// the replay comparison splits the replayed outputs by the same rule.
 //
 // Defines:
 //   WTYPE   weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
@@ -100,6 +110,7 @@
 //   UNROLL  chunks per lane whose loads are in flight together: 1, 2, 4
 //   XSMEM   0 = activations read from global memory, 1 = staged in shared
 //           memory first (ALGO 0 only; k a multiple of 32)
+//   OUT     F32 | Q8_SPLIT: the output's format
 
 #ifndef WTYPE
 #error "gemv.cu needs WTYPE"
@@ -128,6 +139,9 @@
 #ifndef XSMEM
 #error "gemv.cu needs XSMEM"
 #endif
+#ifndef OUT
+#error "gemv.cu needs OUT"
+#endif
 #if XSMEM && ALGO != 0
 #error "XSMEM=1 stages f32 activations: it needs ALGO=0"
 #endif
@@ -140,6 +154,16 @@
 
 #include "common.cuh"
 #include "kquant.cuh"
+#include "act_out.cuh"
+
+// Rows one block owns: WARPS / KSPLIT row groups of ROWS rows.
+#define BLOCK_ROWS ((WARPS / KSPLIT) * ROWS)
+#if OUT != F32 && OUT != Q8_SPLIT
+#error "gemv.cu: OUT must be F32 or Q8_SPLIT"
+#endif
+#if OUT == Q8_SPLIT && BLOCK_ROWS % 32 != 0
+#error "OUT=Q8_SPLIT needs (WARPS / KSPLIT) * ROWS a multiple of 32: a block writes whole 32-row records"
+#endif
 
 #if WTYPE != Q8_0 && WTYPE != Q4_0 && !IS_KQUANT(WTYPE) && !IS_W16(WTYPE)
 #error "WTYPE must be Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, F16 or BF16"
@@ -153,8 +177,11 @@
 #if IS_W16(WTYPE) && ALGO != 0
 #error "F16 / BF16 weights need ALGO=0"
 #endif
-#if (ALGO == 2 || ALGO == 3) && !(IS_KQUANT(WTYPE) && LAYOUT == 1)
-#error "ALGO=2 and ALGO=3 (split Q8 activations) read k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1)"
+#if ALGO == 2 && !(IS_KQUANT(WTYPE) && LAYOUT == 1)
+#error "ALGO=2 (split Q8 activations made per block) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1)"
+#endif
+#if ALGO == 3 && !((IS_KQUANT(WTYPE) || WTYPE == Q8_0 || WTYPE == Q4_0) && LAYOUT == 1)
+#error "ALGO=3 (split Q8 records) reads planes (LAYOUT=1) of Q8_0, Q4_0, Q4_K, Q5_K or Q6_K"
 #endif
 
 #if XSMEM
@@ -329,8 +356,13 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                             acc[m][r][t] += chunk_dot(ch[u][m][r], xa + (u64)t * xstride, e);
 #elif ALGO == 2
                             acc[m][r][t] += chunk_dot_split(ch[u][m][r], xsp[t * (k / 32) + c]);
-#elif ALGO == 3
+#elif ALGO == 3 && KQ
                             acc[m][r][t] += chunk_dot_split(ch[u][m][r], split_load(xsp + t * (k / 32) + c));
+#elif ALGO == 3 && WTYPE == Q8_0
+                            acc[m][r][t] += chunk_dot_split(
+                                ch[u][m][r], split_load_half(xsp + t * (k / 32) + c / 2, c & 1), 0);
+#elif ALGO == 3
+                            acc[m][r][t] += chunk_dot_split(ch[u][m][r], split_load(xsp + t * (k / 32) + c), 0);
 #else
                             acc[m][r][t] += chunk_dot_q8(ch[u][m][r], xq + (u64)t * k, xds + (u64)t * (k / 32), e);
 #endif
@@ -356,8 +388,10 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                 for (int t = 0; t < NT; ++t) red[warp][(m * ROWS + r) * NT + t] = acc[m][r][t];
     }
     __syncthreads();
+#if OUT == F32
     if (slice != 0) return;
-    if (lane == 0) {
+#endif
+    if (slice == 0 && lane == 0) {
 #pragma unroll
         for (int s = 1; s < KSPLIT; ++s)
 #pragma unroll
@@ -368,6 +402,7 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                     for (int t = 0; t < NT; ++t) acc[m][r][t] += red[warp + s][(m * ROWS + r) * NT + t];
     }
 #endif
+#if OUT == F32
     if (lane == 0 && active) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
@@ -383,6 +418,40 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
             }
         }
     }
+#else
+    // The block's BLOCK_ROWS outputs of each token meet in shared memory,
+    // then leave as split Q8 records (q8_split.cuh), one per 32 rows and
+    // token, the next GEMV's ALGO 3 input: y is XSplit[NT][n / 32] (n a
+    // multiple of 32, so a 32-row group is wholly inside or past n).
+    __shared__ float ys[NT][BLOCK_ROWS];
+    if (slice == 0 && lane == 0) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+#if FUSE
+                ys[t][group * ROWS + r] = gelu_tanh(acc[0][r][t]) * acc[1][r][t];
+#else
+                ys[t][group * ROWS + r] = acc[0][r][t];
+#endif
+            }
+    }
+    __syncthreads();
+    XSplit* rec = reinterpret_cast<XSplit*>(y);
+    const int ngroups = BLOCK_ROWS / 32;
+    const int records = NT * ngroups;
+    const int g0 = blockIdx.x * ngroups;
+    // Eight lanes per record (four values each), four records per warp
+    // pass; the loop bound is the same on every lane of a warp.
+    for (int i0 = warp * 4; i0 < records; i0 += WARPS * 4) {
+        const int i = i0 + lane / 8, at = (lane % 8) * 4;
+        const int t = i / ngroups, g = i - t * ngroups;
+        const bool valid = i < records && (g0 + g) * 32 < n;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (valid) v = make_float4(ys[t][g * 32 + at], ys[t][g * 32 + at + 1], ys[t][g * 32 + at + 2], ys[t][g * 32 + at + 3]);
+        split_write4(rec + (u64)(valid ? t : 0) * (n / 32) + g0 + (valid ? g : 0), at, v, valid);
+    }
+#endif
 }
 
 #define GEMV_ENTRY(NT)                                                                          \

@@ -424,6 +424,28 @@ DEVI float chunk_dot_split(const Chunk& ch, const XSplit& a, int at) {
 #endif
     return ch.d * fmaf(a.d1, (float)dot1, a.d2 * (float)dot2);
 }
+
+#if ALGO == 3 && LAYOUT == 1 && WTYPE == Q8_0
+// The half of a producer's record that a Q8_0 plane chunk (16 elements,
+// half a group) reads: the quants of elements 16h .. 16h + 15 of both
+// planes, moved to the front (q1[0], q2[0]), with the scales and sums.
+// Three 16-byte loads where split_load takes five; chunk_dot_split then
+// reads it at offset 0.
+DEVI XSplit split_load_half(const XSplit* __restrict__ p, int h) {
+    const int4* w = reinterpret_cast<const int4*>(p);
+    XSplit s;
+    s.q1[0] = __ldg(w + h);
+    s.q2[0] = __ldg(w + 2 + h);
+    s.q1[1] = make_int4(0, 0, 0, 0);
+    s.q2[1] = make_int4(0, 0, 0, 0);
+    const float4 t = __ldg(reinterpret_cast<const float4*>(w + 4));
+    s.d1 = t.x;
+    s.d2 = t.y;
+    s.s1 = __float_as_int(t.z);
+    s.s2 = __float_as_int(t.w);
+    return s;
+}
+#endif
 #endif
 #else
 // Integer dot of the chunk with the Q8_1 activations of one token, scaled.

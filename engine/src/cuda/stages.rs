@@ -594,7 +594,19 @@ impl CudaEngine<'_> {
         let ff = lw.gate_up.n / 2;
         let x = self.input_in_act(&lp.gate_up);
         let h_act = match lp.gelu {
-            // The fused GEMV writes gelu(gate) * up itself, f32.
+            // The fused GEMV writes gelu(gate) * up itself into `h`: as
+            // down's split Q8 records (OUT=Q8_SPLIT; 80 bytes per 32
+            // values fit the f32 row), or f32 that a pre-pass converts
+            // where down reads another format. Not into `act`, which
+            // holds the GEMV's own input while it runs.
+            None if lp.gate_up.output() != ActFormat::F32 => {
+                self.matmul(k, &lp.gate_up, &lw.gate_up, &x, &self.b.h, r)?;
+                Act {
+                    format: lp.gate_up.output(),
+                    data: self.b.h.ptr(),
+                    scales: NULL,
+                }
+            }
             None => {
                 self.matmul(k, &lp.gate_up, &lw.gate_up, &x, &self.b.h, r)?;
                 self.input_from_f32(k, &lp.down, self.b.h.ptr(), r)?

@@ -121,6 +121,9 @@ pub struct MatmulBinding {
     /// Weight matrices per call: 2 for the fused gate+up GEMV, which
     /// writes `gelu_tanh(W0 x) * (W1 x)`.
     pub matrices: usize,
+    /// The format `y` is written in: f32 `[m][n]`, or (gemv OUT=Q8_SPLIT)
+    /// the split Q8 records `[m][n / 32]` the next GEMV reads with ALGO 3.
+    pub out: ActFormat,
 }
 
 impl MatmulBinding {
@@ -162,6 +165,12 @@ impl MatmulBinding {
                     },
                     zero_output: false,
                     matrices: if get_int(d, "FUSE")? == 1 { 2 } else { 1 },
+                    // Absent in tables written before the define: f32.
+                    out: match d.get("OUT").map(|v| v.to_string()).as_deref() {
+                        None | Some("F32") => ActFormat::F32,
+                        Some("Q8_SPLIT") => ActFormat::Q8Split,
+                        Some(o) => return Err(format!("OUT={o} is not F32 or Q8_SPLIT")),
+                    },
                 }
             }
             MatmulFamily::Mmq => MatmulBinding {
@@ -173,6 +182,7 @@ impl MatmulBinding {
                 prepass: Prepass::QuantizeQ8_1,
                 zero_output: false,
                 matrices: 1,
+                out: ActFormat::F32,
             },
             MatmulFamily::GemmDq => MatmulBinding {
                 family: fam,
@@ -183,6 +193,7 @@ impl MatmulBinding {
                 prepass: Prepass::DqConvert,
                 zero_output: false,
                 matrices: 1,
+                out: ActFormat::F32,
             },
             MatmulFamily::GemmWgmma => MatmulBinding {
                 family: fam,
@@ -193,6 +204,7 @@ impl MatmulBinding {
                 prepass: Prepass::DqConvert,
                 zero_output: get_int(d, "KSPLIT")? > 1,
                 matrices: 1,
+                out: ActFormat::F32,
             },
         })
     }
@@ -473,6 +485,7 @@ mod tests {
                     prepass: Prepass::None,
                     zero_output: false,
                     matrices: 1,
+                    out: ActFormat::F32,
                 };
                 let dw = b.device_weights(wt, &gguf, n, k).expect("device weights");
                 let (qs, ds) = b.row_strides(wt, k);

@@ -1,9 +1,9 @@
 //! `gemv`: decode matmul (1..8 tokens) over every matmul weight type, with
 //! f32 activations (optionally staged in padded shared memory, XSMEM=1),
-//! Q8_1 activations (dp4a), or, for the k-quants, split Q8 activations that
-//! each block makes from the f32 rows (ALGO 2) or reads as records a
-//! producer wrote (ALGO 3); optional gate+up+GELU fusion. See
-//! kernels/cuda/gemv.cu.
+//! Q8_1 activations (dp4a), or split Q8 activations that each block makes
+//! from the f32 rows (ALGO 2, k-quant planes) or reads as records a
+//! producer wrote (ALGO 3, the planes of Q8_0, Q4_0 and the k-quants);
+//! optional gate+up+GELU fusion. See kernels/cuda/gemv.cu.
 
 use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
@@ -79,6 +79,11 @@ fn xsmem_bytes(algo: i64, m: usize, k: usize, lim: &DeviceLimits) -> Result<u32,
     })
 }
 
+/// Whether the variant writes its output as split Q8 records (OUT=Q8_SPLIT).
+fn split_out(d: &Defines) -> bool {
+    d.get("OUT").is_some_and(|v| v.to_string() == "Q8_SPLIT")
+}
+
 /// Dynamic shared memory of ALGO 2 at `m` tokens: one 80-byte split
 /// record (`XSplit` in gemv_chunk.cuh) per 32-element group and token.
 fn split_bytes(m: usize, k: usize, lim: &DeviceLimits) -> Result<u32, String> {
@@ -135,23 +140,29 @@ impl Family for Gemv {
             ("XSMEM", 0),
         ]);
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
+        d.insert("OUT".into(), DefineValue::Str("F32".into()));
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
         match d.get("ALGO") {
             Some(DefineValue::Int(1..=3)) => Contract::Approx,
+            _ if split_out(d) => Contract::Approx,
             _ => Contract::Fp,
         }
     }
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
         let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
-        let fp = fp_rms_bound(k);
+        // The output's split (OUT=Q8_SPLIT) rounds each value to about
+        // amax / 2^15 of its 32-row group; the replay splits its own
+        // outputs by the same rule, but an output a few ulps from a
+        // rounding boundary may round the other way there.
+        let fp = fp_rms_bound(k) + if split_out(d) { 5e-5 } else { 0.0 };
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1)));
         match (self.contract(d), d.get("ALGO")) {
-            (Contract::Approx, Some(DefineValue::Int(2 | 3))) => {
-                dp4a_tolerance(ActNoise::Split, fused, fp)
+            (Contract::Approx, Some(DefineValue::Int(1))) => {
+                dp4a_tolerance(ActNoise::Q8_1, fused, fp)
             }
-            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Q8_1, fused, fp),
+            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Split, fused, fp),
             _ => Tolerance::fp(fp),
         }
     }
@@ -205,11 +216,20 @@ impl Family for Gemv {
             }
             _ => {}
         }
-        if (algo == 2 || algo == 3)
-            && !(matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K) && layout == 1)
+        if algo == 2 && !(matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K) && layout == 1) {
+            return Err(format!(
+                "ALGO=2 (split Q8 activations made per block) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1), not {} with LAYOUT={layout}",
+                wt.define()
+            ));
+        }
+        if algo == 3
+            && !(matches!(
+                wt,
+                WType::Q8_0 | WType::Q4_0 | WType::Q4K | WType::Q5K | WType::Q6K
+            ) && layout == 1)
         {
             return Err(format!(
-                "ALGO={algo} (split Q8 activations) reads k-quant planes (Q4_K, Q5_K, Q6_K with LAYOUT=1), not {} with LAYOUT={layout}",
+                "ALGO=3 (split Q8 records) reads planes (LAYOUT=1) of Q8_0, Q4_0 or a k-quant, not {} with LAYOUT={layout}",
                 wt.define()
             ));
         }
@@ -218,18 +238,48 @@ impl Family for Gemv {
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
         let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
         let kquant = matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K);
-        if kquant && (algo == 1 || algo == 3) && rows * unroll >= 16 {
+        let chunks = (1 + fuse) * rows * unroll;
+        // Nibble chunks unpack into twice their words; Q8_0's do not.
+        let nibbles = kquant || wt == WType::Q4_0;
+        let most = match (fuse == 1, kquant) {
+            (true, _) if nibbles => 4,
+            (false, true) => 15,
+            _ => i64::MAX,
+        };
+        if (algo == 1 || algo == 3) && chunks > most {
             // A k-quant chunk keeps 6 (Q4_K), 7 (Q5_K) or 8 (Q6_K) words
-            // live (nibbles, two scales, high-bit words); 16 chunks in
+            // live (nibbles, two scales, high-bit words): 16 chunks in
             // flight next to 8 x 8 accumulators pass the 255 registers.
+            // Two matrices of 4 rows next to 2 x 4 x 8 accumulators do
+            // too with any nibble type (Q6_K spills on sm_80 under NVRTC
+            // 13.0, Q4_0 on sm_80 and sm_90 under 13.5); Q8_0 does not.
             return Err(format!(
-                "{} on dp4a with ROWS x UNROLL = {} chunks in flight exceeds the 255-register ceiling (ptxas spills on sm_80, sm_89 and sm_90); at most 8",
+                "{} on dp4a with {} chunks in flight (matrices x ROWS x UNROLL) reaches the 255-register ceiling (ptxas spills on sm_80, sm_89 or sm_90); at most {most}{}",
                 wt.define(),
-                rows * unroll
+                chunks,
+                if fuse == 1 { " with FUSE=1" } else { "" }
             ));
         }
         if warps % ksplit != 0 {
             return Err(format!("KSPLIT={ksplit} does not divide WARPS={warps}"));
+        }
+        match d.get("OUT").map(|v| v.to_string()).as_deref() {
+            None | Some("F32") => {}
+            Some("Q8_SPLIT") => {
+                let block_rows = warps / ksplit * rows;
+                if block_rows % 32 != 0 {
+                    return Err(format!(
+                        "OUT=Q8_SPLIT writes whole 32-row records per block: (WARPS / KSPLIT) * ROWS = {block_rows} is not a multiple of 32"
+                    ));
+                }
+                if mp.n % 32 != 0 {
+                    return Err(format!(
+                        "OUT=Q8_SPLIT needs n a multiple of 32 (one record per 32 outputs), not n={}",
+                        mp.n
+                    ));
+                }
+            }
+            Some(o) => return Err(format!("OUT={o} is not F32 or Q8_SPLIT")),
         }
         if !(1..=8).contains(&mp.m) {
             return Err(format!("gemv handles 1..8 tokens, not m={}", mp.m));
@@ -313,6 +363,7 @@ impl Family for Gemv {
         };
         let key = format!("gemv {m} {n} {k} {wt:?} fuse={fuse} {seed}");
         let inp = inputs.clone();
+        let out_split = binding.out == ActFormat::Q8Split;
         let reference: super::RefFn = Box::new(move || {
             let combine = |parts: &[Vec<f64>]| -> Vec<f64> {
                 if fuse {
@@ -353,7 +404,15 @@ impl Family for Gemv {
                 })),
                 _ => None,
             }
-            .map(|rp| (*rp).clone());
+            .map(|rp| {
+                if out_split {
+                    // The kernel splits its f32 outputs into records.
+                    let y32: Vec<f32> = rp.iter().map(|&v| v as f32).collect();
+                    split_q8_replay(&y32)
+                } else {
+                    (*rp).clone()
+                }
+            });
             ((*r).clone(), replay)
         });
         let y = gpu.alloc(m * n * 4)?;
@@ -377,7 +436,7 @@ impl Family for Gemv {
             n,
             k,
             reference,
-            bytes: weight_bytes + act_bytes + (m * n * 4) as u64,
+            bytes: weight_bytes + act_bytes + binding.out.bytes(m, n) as u64,
             ops: 2 * (m * n * k) as u64 * nmat,
             op_kind: if algo == 0 {
                 OpKind::Flop
@@ -531,7 +590,8 @@ mod tests {
             for algo in [0, 1] {
                 for fuse in [0, 1] {
                     let v = set(&d, &[("ALGO", algo), ("FUSE", fuse)]);
-                    f.validate(&v, &p, &lim).expect("k-quant planes");
+                    f.validate(&v, &p, &lim)
+                        .expect("planes this algorithm reads");
                 }
             }
             let e = f
@@ -559,9 +619,20 @@ mod tests {
             let e = f
                 .validate(&set(&wide, &[("ALGO", 1)]), &p, &lim)
                 .expect_err("16 chunks in flight on dp4a");
-            assert!(e.contains("ROWS x UNROLL = 16"), "{e}");
+            assert!(e.contains("with 16 chunks in flight"), "{e}");
             f.validate(&set(&wide, &[("ALGO", 1), ("UNROLL", 1)]), &p, &lim)
                 .expect("8 chunks in flight on dp4a");
+            // The fused form keeps both matrices' chunks.
+            let fused = set(
+                &wide,
+                &[("ALGO", 1), ("UNROLL", 1), ("FUSE", 1), ("ROWS", 4)],
+            );
+            let e = f
+                .validate(&fused, &p, &lim)
+                .expect_err("8 chunks in flight, fused");
+            assert!(e.contains("with 8 chunks in flight"), "{e}");
+            f.validate(&set(&fused, &[("ROWS", 2)]), &p, &lim)
+                .expect("4 chunks in flight, fused");
             f.validate(&set(&wide, &[("ALGO", 0)]), &p, &lim)
                 .expect("the f32 path");
         }
@@ -617,19 +688,33 @@ mod tests {
         );
     }
 
+    /// ALGO 2 splits per block over k-quant planes only; ALGO 3 reads the
+    /// producer's records over the planes of Q8_0, Q4_0 and the k-quants.
+    /// Neither reads GGUF blocks or 16-bit weights.
     #[test]
-    fn split_activations_read_kquant_planes_only() {
+    fn split_activations_read_the_planes_they_name() {
         let f = Gemv;
         let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
-        for (algo, smem, act) in [(2, 8 * 80 * 80, ActFormat::F32), (3, 0, ActFormat::Q8Split)] {
-            for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        let kq = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+        let all = [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+        ];
+        for (algo, smem, act, read) in [
+            (2, 8 * 80 * 80, ActFormat::F32, &kq[..]),
+            (3, 0, ActFormat::Q8Split, &all[..]),
+        ] {
+            for &ty in read {
                 let mut d = f.default_defines(ty);
                 d.insert("ALGO".into(), DefineValue::Int(algo));
                 d.insert("LAYOUT".into(), DefineValue::Int(1));
                 assert_eq!(f.contract(&d), Contract::Approx);
                 let g = f
                     .validate(&d, &Problem::matmul(8, 100, 2560, ty), &lim)
-                    .expect("k-quant planes");
+                    .expect("planes this algorithm reads");
                 // ALGO 2 splits the rows into shared memory itself; ALGO 3
                 // reads the producer's records from global memory.
                 assert_eq!(g.dyn_smem, smem, "ALGO={algo}");
@@ -647,19 +732,72 @@ mod tests {
                     .expect_err("XSMEM is ALGO 0's");
                 assert!(e.contains("XSMEM=1 applies to ALGO=0"), "{e}");
             }
-            for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
+            let refused = all
+                .iter()
+                .filter(|t| !read.contains(t))
+                .map(|&t| (t, 1))
+                .chain([(GgmlType::F16, 1), (GgmlType::Bf16, 1)])
+                .chain([(GgmlType::Q8_0, 0), (GgmlType::Q4_0, 0), (GgmlType::Q6K, 0)]);
+            for (ty, layout) in refused {
                 let mut d = f.default_defines(ty);
                 d.insert("ALGO".into(), DefineValue::Int(algo));
-                d.insert("LAYOUT".into(), DefineValue::Int(1));
+                d.insert("LAYOUT".into(), DefineValue::Int(layout));
                 let e = f
                     .validate(&d, &Problem::matmul(1, 100, 2560, ty), &lim)
-                    .expect_err("not a k-quant");
+                    .expect_err("not read by this algorithm");
                 assert!(
-                    e.contains("k-quant planes") || e.contains("need ALGO=0"),
-                    "{e}"
+                    e.contains("planes") || e.contains("need ALGO=0"),
+                    "ALGO={algo} {ty:?} LAYOUT={layout}: {e}"
                 );
             }
         }
+    }
+
+    /// OUT=Q8_SPLIT: whole 32-row records per block and n a multiple of
+    /// 32; the binding writes records; the contract turns approx (the
+    /// output's split) with its rounding in the bounds.
+    #[test]
+    fn split_output_needs_whole_records() {
+        let f = Gemv;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let mut d = f.default_defines(GgmlType::Q8_0);
+        assert_eq!(d.get("OUT"), Some(&DefineValue::Str("F32".into())));
+        for (k, v) in [
+            ("ALGO", 3),
+            ("FUSE", 1),
+            ("ROWS", 4),
+            ("WARPS", 8),
+            ("KSPLIT", 1),
+            ("UNROLL", 1),
+        ] {
+            d.insert(k.into(), DefineValue::Int(v));
+        }
+        d.insert("OUT".into(), DefineValue::Str("Q8_SPLIT".into()));
+        let p = Problem::matmul(3, 10240, 2560, GgmlType::Q8_0);
+        let g = f.validate(&d, &p, &lim).expect("32 rows a block");
+        assert_eq!(g.grid.0, 10240 / 32);
+        let b = MatmulBinding::of("gemv", &d).expect("bind");
+        assert_eq!((b.out, b.matrices), (ActFormat::Q8Split, 2));
+        let e = f
+            .validate(&d, &Problem::matmul(3, 1000, 2560, GgmlType::Q8_0), &lim)
+            .expect_err("n = 1000");
+        assert!(e.contains("n a multiple of 32"), "{e}");
+        let mut half = d.clone();
+        half.insert("KSPLIT".into(), DefineValue::Int(2));
+        let e = f.validate(&half, &p, &lim).expect_err("16 rows a block");
+        assert!(e.contains("not a multiple of 32"), "{e}");
+        let mut bad = d.clone();
+        bad.insert("OUT".into(), DefineValue::Str("Q8_1".into()));
+        assert!(f.validate(&bad, &p, &lim).is_err());
+        assert!(MatmulBinding::of("gemv", &bad).is_err());
+        // The FMA path with a split output is no longer fp.
+        let mut fma = d.clone();
+        fma.insert("ALGO".into(), DefineValue::Int(0));
+        assert_eq!(f.contract(&fma), Contract::Approx);
+        let t = f.default_tolerance(&fma, &p);
+        assert!(t.replay_rms_rel > 5e-5 && t.rms_rel <= 3e-4, "{t:?}");
+        fma.insert("OUT".into(), DefineValue::Str("F32".into()));
+        assert_eq!(f.contract(&fma), Contract::Fp);
     }
 
     /// ALGO 3's input buffer is the records the producers write: 80 bytes

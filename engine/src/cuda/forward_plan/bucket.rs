@@ -66,9 +66,18 @@ impl MatmulPlan {
             MatmulExec::Vendor { .. } => Vec::new(),
         }
     }
-    /// The fused gate+up GEMV: writes `gelu(gate) * up` in f32 itself.
+    /// The fused gate+up GEMV: writes `gelu(gate) * up` itself, in
+    /// `output()`'s format.
     pub fn fuses_gelu(&self) -> bool {
         self.bindings().iter().any(|b| b.matrices == 2)
+    }
+    /// The format the projection writes its output in: f32, or the split
+    /// Q8 records of a GEMV bound to OUT=Q8_SPLIT.
+    pub fn output(&self) -> ActFormat {
+        match &self.exec {
+            MatmulExec::Kernel { binding, .. } => binding.out,
+            _ => ActFormat::F32,
+        }
     }
 }
 

@@ -134,6 +134,19 @@ impl Builder<'_> {
         m: usize,
         from_f32: bool,
     ) -> Result<MatmulPlan, PlanError> {
+        self.matmul_bound(proj, dim, m, from_f32, vec![])
+    }
+
+    /// `matmul` with defines bound at the call site (a GEMV's `OUT`) on a
+    /// single launch; row-block plans take none.
+    fn matmul_bound(
+        &mut self,
+        proj: Proj,
+        dim: MatDim,
+        m: usize,
+        from_f32: bool,
+        bound: Vec<(&'static str, DefineValue)>,
+    ) -> Result<MatmulPlan, PlanError> {
         let slot = Slot::matmul(proj, m);
         let (n, k, t) = dim;
         if self.planner.vendor(slot) {
@@ -164,8 +177,11 @@ impl Builder<'_> {
             }
             (MatmulExec::RowBlocks { blocks }, binding, main)
         } else {
-            let id = self.push(slot, Problem::matmul(m, n, k, t), vec![], GridRule::Rows)?;
+            let id = self.push(slot, Problem::matmul(m, n, k, t), bound, GridRule::Rows)?;
             let binding = self.binding(id)?;
+            if binding.matrices > 1 {
+                self.size_fused_grid(id, n, binding.matrices)?;
+            }
             (
                 MatmulExec::Kernel {
                     launch: id,
@@ -237,6 +253,70 @@ impl Builder<'_> {
         MatmulBinding::of(r.family.name(), &r.defines)
             .map(|b| b.act)
             .map_err(|msg| PlanError::slot(slot, msg))
+    }
+
+    /// A fused GEMV is planned on the whole gate|up matrix (`n` = both
+    /// halves), but it computes `n / matrices` outputs, each from a row of
+    /// every matrix: its launch's problem and grid become those (with `n`
+    /// blocks, half of them would start only to find no rows, a tail of
+    /// empty waves on every call).
+    /// A launch shared by several layers is sized once: its problem then
+    /// no longer spans the whole `n`.
+    fn size_fused_grid(
+        &mut self,
+        id: LaunchId,
+        n: usize,
+        matrices: usize,
+    ) -> Result<(), PlanError> {
+        let l = &self.launches[id];
+        let Problem::Matmul(mp) = &l.problem else {
+            return Ok(());
+        };
+        if mp.n != n {
+            return Ok(());
+        }
+        let outputs = Problem::matmul(mp.m, mp.n / matrices, mp.k, mp.wtype);
+        let geo = l
+            .res
+            .family
+            .validate(&l.res.defines, &outputs, &self.planner.limits)
+            .map_err(|msg| PlanError::slot(l.slot, msg))?;
+        self.launches[id].res.geo = geo;
+        self.launches[id].problem = outputs;
+        Ok(())
+    }
+
+    /// The FFN's gate|up at `r` rows. A fused gate+up GEMV (FUSE=1, which
+    /// writes gelu(gate) * up itself) whose variant can also write the
+    /// down projection's split Q8 records (OUT=Q8_SPLIT) is bound to: then
+    /// no producer pass stands between the two GEMVs.
+    fn gate_up(&mut self, dim: MatDim, down: MatDim, r: usize) -> Result<MatmulPlan, PlanError> {
+        let slot = Slot::matmul(Proj::GateUp, r);
+        let row_blocks = self.planner.row_chunked(slot) && r > GEMV_BLOCK;
+        let single = !(self.planner.vendor(slot) || row_blocks);
+        let mut bound = vec![];
+        if single && self.input_format(Proj::Down, down, r)? == ActFormat::Q8Split {
+            let p = Problem::matmul(r, dim.0, dim.1, dim.2);
+            let first = self.planner.resolve(slot, &p, &[])?;
+            let fused = first.defines.get("FUSE") == Some(&DefineValue::Int(1));
+            let mut d = first.defines.clone();
+            d.insert(
+                "OUT".into(),
+                DefineValue::Str(ActFormat::Q8Split.define().into()),
+            );
+            // The fused kernel's outputs: one per row pair (gate, up).
+            let outputs = Problem::matmul(r, dim.0 / 2, dim.1, dim.2);
+            if fused
+                && first.family.declared_defines().iter().any(|x| x == "OUT")
+                && first
+                    .family
+                    .validate(&d, &outputs, &self.planner.limits)
+                    .is_ok()
+            {
+                bound = out_bound(ActFormat::Q8Split);
+            }
+        }
+        self.matmul_bound(Proj::GateUp, dim, r, false, bound)
     }
 
     /// Layer `l`'s attention call at `r` rows, its O written in `o_fmt`
@@ -344,7 +424,7 @@ impl Builder<'_> {
                 },
             )?;
             let o = self.matmul(Proj::O, ld.o, r, attention.out == ActFormat::F32)?;
-            let gate_up = self.matmul(Proj::GateUp, ld.gate_up, r, false)?;
+            let gate_up = self.gate_up(ld.gate_up, ld.down, r)?;
             // A MoE layer's attention residual also writes the router input
             // and the experts' input norm (OUTS=3), and the launch that adds
             // the FFN's output sums the shared MLP's and the experts' halves
@@ -362,7 +442,14 @@ impl Builder<'_> {
                 GridRule::Rows,
             )?;
             let fused = gate_up.fuses_gelu();
-            let down = self.matmul(Proj::Down, ld.down, r, fused)?;
+            // A fused gate|up writes f32 (a pre-pass converts it where
+            // down reads another format) or down's records itself.
+            let down = self.matmul(
+                Proj::Down,
+                ld.down,
+                r,
+                fused && gate_up.output() == ActFormat::F32,
+            )?;
             let gelu = if fused {
                 None
             } else {

@@ -381,6 +381,160 @@ fn kquant_decode_reads_split_records_written_once() {
     }
 }
 
+/// `main` decodes a Q8_0 file's QKV, gate|up and down on split Q8
+/// records that the input norm, the attention residual norm and gelu_mul
+/// (`q8-fused`: the fused gate|up GEMV) write, with no quantize pre-pass
+/// anywhere; O, the
+/// PLE GEMVs and the head read f32 rows on FMA. `q8-fma` and `strict`
+/// read f32 rows everywhere (ALGO 0), `dp4a` Q8_1 everywhere but the head:
+/// the profiles that restate main's typed Q8_0 entries get what they say.
+#[test]
+fn q8_0_decode_reads_split_records_where_the_producer_writes_them() {
+    let cfg = synth::preset(SynthVariant::E4b);
+    // (profile, ALGO of QKV / gate|up / down, ALGO of O and the PLE GEMVs)
+    for (profile, fed, fma) in [
+        ("main", 3, 0),
+        ("q8-fused", 3, 0),
+        ("q8-fma", 0, 0),
+        ("strict", 0, 0),
+        ("dp4a", 1, 1),
+    ] {
+        let what = format!("e4b q8_0 {profile}");
+        let (plan, _) = synth_plan(profile, &cfg, WeightType::Q8_0, &what);
+        let algo = |m: &MatmulPlan| -> i64 {
+            let MatmulExec::Kernel { launch, .. } = &m.exec else {
+                panic!("{what} {:?}: not one kernel launch", m.proj);
+            };
+            match plan.launches[*launch].res.defines.get("ALGO") {
+                Some(DefineValue::Int(a)) => *a,
+                other => panic!("{what} {:?}: ALGO {other:?}", m.proj),
+            }
+        };
+        let format = |a: i64| match a {
+            0 => ActFormat::F32,
+            1 => ActFormat::Q8_1,
+            _ => ActFormat::Q8Split,
+        };
+        let out_define = |id: LaunchId| -> String {
+            plan.launches[id]
+                .bound
+                .iter()
+                .find(|(k, _)| *k == "OUT")
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_default()
+        };
+        let mut seen = 0;
+        for b in plan.buckets.iter().filter(|b| b.rows <= GEMV_MAX_ROWS) {
+            for (l, lp) in b.layers.iter().enumerate() {
+                let mut fed_by_producer: Vec<&MatmulPlan> = lp.qkv.iter().collect();
+                fed_by_producer.extend([&lp.gate_up, &lp.down]);
+                for m in fed_by_producer {
+                    let at = format!("{what} bucket {} layer {l} {:?}", b.rows, m.proj);
+                    assert_eq!(algo(m), fed, "{at}");
+                    assert_eq!(m.input, format(fed), "{at}");
+                    assert!(m.prepass.is_none(), "{at}: the producer writes the input");
+                    seen += 1;
+                }
+                let mut f32_fed: Vec<&MatmulPlan> = vec![&lp.o];
+                if let Some(p) = &lp.ple {
+                    f32_fed.extend([&p.gate, &p.proj]);
+                }
+                for m in f32_fed {
+                    let at = format!("{what} bucket {} layer {l} {:?}", b.rows, m.proj);
+                    assert_eq!(algo(m), fma, "{at}");
+                    assert_eq!(m.input, format(fma), "{at}");
+                }
+                assert!(lp.o.prepass.is_some() == (fma != 0), "{what} layer {l}");
+                // q8-fused fuses gate|up and writes down's records from it.
+                let fused = profile == "q8-fused";
+                assert_eq!(lp.gate_up.fuses_gelu(), fused, "{what} layer {l}");
+                assert_eq!(lp.gelu.is_none(), fused, "{what} layer {l}");
+                if fused {
+                    assert_eq!(lp.gate_up.output(), ActFormat::Q8Split, "{what} layer {l}");
+                }
+                assert_eq!(
+                    out_define(lp.input_norm),
+                    lp.qkv[0].input.define(),
+                    "{what} layer {l}"
+                );
+                if let Some(g) = lp.gelu {
+                    assert_eq!(out_define(g), lp.down.input.define(), "{what} layer {l}");
+                }
+            }
+            if let Some(h) = &b.head {
+                let want = if profile == "dp4a" { 1 } else { 0 };
+                assert_eq!(algo(&h.matmul), want, "{what} head");
+            }
+        }
+        assert!(seen > 0, "{what}: no decode bucket");
+    }
+}
+
+/// A fused gate+up GEMV (FUSE=1) whose down projection reads split Q8
+/// records is bound to write them (OUT=Q8_SPLIT): no gelu_mul and no
+/// pre-pass between the two GEMVs at decode; prefill keeps its GEMMs and
+/// gelu_mul. A fused GEMV that cannot write records (16 rows a block)
+/// writes f32 and down gets its pre-pass, as before.
+#[test]
+fn a_fused_gate_up_writes_the_down_projections_records() {
+    let cfg = synth::preset(SynthVariant::E4b);
+    let fused = |rows: i64, warps: i64| {
+        format!(
+            "name = \"fused\"\nbase = \"main\"\n\n[slot.\"gemv.gate_up@Q8_0\"]\nfamily = \"gemv\"\ndefines = {{ ALGO = 3, LAYOUT = 1, ROWS = {rows}, WARPS = {warps}, FUSE = 1, KSPLIT = 1, UNROLL = 1 }}\n"
+        )
+    };
+    for (rows, warps, records) in [(4, 8, true), (2, 8, false)] {
+        let what = format!("e4b q8_0 fused ROWS={rows} WARPS={warps}");
+        let planner = Planner::new(
+            Profile::parse("fused.toml", &fused(rows, warps)).expect("profile"),
+            None,
+            DeviceLimits::for_arch(Arch(90)),
+        );
+        let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
+        let sizing = Sizing {
+            max_seq: 4096,
+            ubatch: 512,
+            kv_type: KvType::F16,
+        };
+        let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing).expect("plan");
+        let mut decode = 0;
+        for b in &plan.buckets {
+            for (l, lp) in b.layers.iter().enumerate() {
+                let at = format!("{what} bucket {} layer {l}", b.rows);
+                if b.rows > GEMV_MAX_ROWS {
+                    assert!(!lp.gate_up.fuses_gelu(), "{at}");
+                    assert!(lp.gelu.is_some(), "{at}");
+                    continue;
+                }
+                decode += 1;
+                assert!(lp.gate_up.fuses_gelu(), "{at}");
+                assert!(lp.gelu.is_none(), "{at}: no gelu_mul launch");
+                assert_eq!(lp.down.input, ActFormat::Q8Split, "{at}");
+                // One block per 32 (or 16) outputs of gelu(gate) * up,
+                // not of the whole gate|up matrix.
+                let MatmulExec::Kernel { launch, .. } = &lp.gate_up.exec else {
+                    panic!("{at}: one launch");
+                };
+                let ff = lp.gate_up.dim.0 / 2;
+                let per_block = (warps * rows) as usize;
+                assert_eq!(
+                    plan.launches[*launch].res.geo.grid.0 as usize,
+                    ff.div_ceil(per_block),
+                    "{at}"
+                );
+                if records {
+                    assert_eq!(lp.gate_up.output(), ActFormat::Q8Split, "{at}");
+                    assert!(lp.down.prepass.is_none(), "{at}");
+                } else {
+                    assert_eq!(lp.gate_up.output(), ActFormat::F32, "{at}");
+                    assert!(lp.down.prepass.is_some(), "{at}: f32 out, quantized in");
+                }
+            }
+        }
+        assert!(decode > 0, "{what}");
+    }
+}
+
 /// The tied head's own copy is uploaded in the type its launches were
 /// planned for (`weights::head_copy_type`), whatever the profile
 /// decides: main keeps a Q6_K head in its plane repack and the gather
