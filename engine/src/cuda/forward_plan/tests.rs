@@ -322,6 +322,16 @@ fn expanded_gemm_scales_keep_the_weights_at_the_files_bytes() {
     }
 }
 
+/// The OUT define the plan bound on launch `id` ("" when none).
+fn out_of(plan: &ForwardPlan, id: LaunchId) -> String {
+    plan.launches[id]
+        .bound
+        .iter()
+        .find(|(k, _)| *k == "OUT")
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default()
+}
+
 /// `main` decodes the k-quant projections of a Q4_K_M file on split Q8
 /// records that their inputs' producers write once per step: the
 /// norms and gelu_mul with OUT=Q8_SPLIT, the quantize pre-pass with
@@ -330,14 +340,6 @@ fn expanded_gemm_scales_keep_the_weights_at_the_files_bytes() {
 #[test]
 fn kquant_decode_reads_split_records_written_once() {
     let cfg = synth::preset(SynthVariant::E4b);
-    let out_of = |plan: &ForwardPlan, id: LaunchId| -> String {
-        plan.launches[id]
-            .bound
-            .iter()
-            .find(|(k, _)| *k == "OUT")
-            .map(|(_, v)| v.to_string())
-            .unwrap_or_default()
-    };
     for (profile, want) in [("main", ActFormat::Q8Split), ("kq-split", ActFormat::F32)] {
         let what = format!("e4b q4_k_m {profile}");
         let (plan, _) = synth_plan(profile, &cfg, WeightType::Q4KM, &what);
@@ -415,14 +417,7 @@ fn q8_0_decode_reads_split_records_where_the_producer_writes_them() {
             1 => ActFormat::Q8_1,
             _ => ActFormat::Q8Split,
         };
-        let out_define = |id: LaunchId| -> String {
-            plan.launches[id]
-                .bound
-                .iter()
-                .find(|(k, _)| *k == "OUT")
-                .map(|(_, v)| v.to_string())
-                .unwrap_or_default()
-        };
+        let out_define = |id: LaunchId| out_of(&plan, id);
         let mut seen = 0;
         for b in plan.buckets.iter().filter(|b| b.rows <= GEMV_MAX_ROWS) {
             for (l, lp) in b.layers.iter().enumerate() {
