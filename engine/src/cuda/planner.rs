@@ -180,8 +180,10 @@ impl Planner {
             if let (Some(t), Problem::Matmul(mp)) = (&self.tuned, p) {
                 let wt = mp.wtype.name().to_ascii_uppercase();
                 if let Some(e) = t.lookup(fam.name(), mp.m, mp.n, mp.k, &wt) {
-                    let mut td: Defines = e.defines.clone().into_iter().collect();
-                    td.insert("WTYPE".into(), DefineValue::Str(wt.clone()));
+                    // The entry's defines over the family's defaults (a
+                    // define added after the table was written takes its
+                    // default), then the ones bound at the call site.
+                    let td = with_bound(fam, &e.defines);
                     if fam.validate(&td, p, &self.limits).is_ok() {
                         defines = td;
                         why = format!(
@@ -244,5 +246,42 @@ impl Planner {
                 )))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gemtune_kernels::compile::Arch;
+    use gemtune_kernels::quant::GgmlType;
+
+    /// A tuned entry's defines land over the family's defaults, so a
+    /// define the family gained after the table was written (gemv's OUT)
+    /// still reaches the compiler, and the call site's bound defines win.
+    #[test]
+    fn tuned_entries_take_the_defaults_of_defines_they_predate() {
+        let (arch, text) = crate::cuda::engine::BUILTIN_TUNED[0];
+        let tuned = TunedFile::parse(arch, text).expect("tuned table");
+        let planner = Planner::new(
+            Profile::load("dp4a").expect("dp4a"),
+            Some(tuned),
+            DeviceLimits::for_arch(Arch(90)),
+        );
+        let p = Problem::matmul(1, 2560, 10240, GgmlType::Q8_0);
+        let r = planner
+            .resolve(Slot::matmul(crate::cuda::slots::Proj::Down, 1), &p, &[])
+            .expect("resolves");
+        assert!(r.why.starts_with("tuned"), "{}", r.why);
+        assert_eq!(r.defines.get("OUT"), Some(&DefineValue::Str("F32".into())));
+        assert_eq!(
+            r.defines.get("WTYPE"),
+            Some(&DefineValue::Str("Q8_0".into()))
+        );
+        let xs = r.family.declared_defines();
+        assert!(
+            xs.iter().all(|d| r.defines.contains_key(d)),
+            "every declared define is set: {:?}",
+            r.defines
+        );
     }
 }
