@@ -599,17 +599,16 @@ impl CudaEngine<'_> {
             // values fit the f32 row), or f32 that a pre-pass converts
             // where down reads another format. Not into `act`, which
             // holds the GEMV's own input while it runs.
-            None if lp.gate_up.output() != ActFormat::F32 => {
-                self.matmul(k, &lp.gate_up, &lw.gate_up, &x, &self.b.h, r)?;
-                Act {
-                    format: lp.gate_up.output(),
-                    data: self.b.h.ptr(),
-                    scales: NULL,
-                }
-            }
             None => {
                 self.matmul(k, &lp.gate_up, &lw.gate_up, &x, &self.b.h, r)?;
-                self.input_from_f32(k, &lp.down, self.b.h.ptr(), r)?
+                match lp.gate_up.output() {
+                    ActFormat::F32 => self.input_from_f32(k, &lp.down, self.b.h.ptr(), r)?,
+                    format => Act {
+                        format,
+                        data: self.b.h.ptr(),
+                        scales: NULL,
+                    },
+                }
             }
             Some(gelu) => {
                 let gu = &self.b.gu;

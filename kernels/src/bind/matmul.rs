@@ -109,6 +109,18 @@ impl Prepass {
     }
 }
 
+/// The output format of a gemv variant: its `OUT` define, F32 or
+/// Q8_SPLIT (absent in tables written before the define: F32).
+pub fn gemv_out(d: &Defines) -> Result<ActFormat, String> {
+    match d.get("OUT").map(|v| v.to_string()) {
+        None => Ok(ActFormat::F32),
+        Some(o) => match ActFormat::from_define(&o) {
+            Some(f @ (ActFormat::F32 | ActFormat::Q8Split)) => Ok(f),
+            _ => Err(format!("OUT={o} is not F32 or Q8_SPLIT")),
+        },
+    }
+}
+
 /// One matmul variant's calling convention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulBinding {
@@ -165,12 +177,7 @@ impl MatmulBinding {
                     },
                     zero_output: false,
                     matrices: if get_int(d, "FUSE")? == 1 { 2 } else { 1 },
-                    // Absent in tables written before the define: f32.
-                    out: match d.get("OUT").map(|v| v.to_string()).as_deref() {
-                        None | Some("F32") => ActFormat::F32,
-                        Some("Q8_SPLIT") => ActFormat::Q8Split,
-                        Some(o) => return Err(format!("OUT={o} is not F32 or Q8_SPLIT")),
-                    },
+                    out: gemv_out(d)?,
                 }
             }
             MatmulFamily::Mmq => MatmulBinding {

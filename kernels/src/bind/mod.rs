@@ -46,7 +46,7 @@ pub enum ActFormat {
     /// Split Q8 records: per 32 values one 80-byte record (`q8_split.cuh`:
     /// two int8 planes, `x ~ d1 q1 + d2 q2`, then d1, d2 and the two
     /// integer sums), `[rows][width/32]`; `families::q8_split_records` is
-    /// the rule. Read by the k-quant GEMV's ALGO 3.
+    /// the rule. Read by the GEMV's ALGO 3.
     Q8Split,
 }
 
@@ -60,6 +60,18 @@ impl ActFormat {
             ActFormat::DqBf16 => "DQ_BF16",
             ActFormat::Q8Split => "Q8_SPLIT",
         }
+    }
+    /// The format an `OUT` define value names (`define`'s inverse).
+    pub fn from_define(v: &str) -> Option<ActFormat> {
+        [
+            ActFormat::F32,
+            ActFormat::Q8_1,
+            ActFormat::DqF16,
+            ActFormat::DqBf16,
+            ActFormat::Q8Split,
+        ]
+        .into_iter()
+        .find(|f| f.define() == v)
     }
     /// Bytes of the main plane of `rows x width` values.
     pub fn bytes(self, rows: usize, width: usize) -> usize {

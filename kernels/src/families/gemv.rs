@@ -9,7 +9,7 @@ use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
     q8_split_records, seeded_inputs, split_q8_replay, MatmulWorkload, QWeights,
 };
-use crate::bind::matmul::MatmulBinding;
+use crate::bind::matmul::{gemv_out, MatmulBinding};
 use crate::bind::{Act, ActFormat};
 use crate::defines::{defines, int_in, int_range, DefineValue, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
@@ -81,7 +81,7 @@ fn xsmem_bytes(algo: i64, m: usize, k: usize, lim: &DeviceLimits) -> Result<u32,
 
 /// Whether the variant writes its output as split Q8 records (OUT=Q8_SPLIT).
 fn split_out(d: &Defines) -> bool {
-    d.get("OUT").is_some_and(|v| v.to_string() == "Q8_SPLIT")
+    gemv_out(d) == Ok(ActFormat::Q8Split)
 }
 
 /// Dynamic shared memory of ALGO 2 at `m` tokens: one 80-byte split
@@ -263,23 +263,19 @@ impl Family for Gemv {
         if warps % ksplit != 0 {
             return Err(format!("KSPLIT={ksplit} does not divide WARPS={warps}"));
         }
-        match d.get("OUT").map(|v| v.to_string()).as_deref() {
-            None | Some("F32") => {}
-            Some("Q8_SPLIT") => {
-                let block_rows = warps / ksplit * rows;
-                if block_rows % 32 != 0 {
-                    return Err(format!(
-                        "OUT=Q8_SPLIT writes whole 32-row records per block: (WARPS / KSPLIT) * ROWS = {block_rows} is not a multiple of 32"
-                    ));
-                }
-                if mp.n % 32 != 0 {
-                    return Err(format!(
-                        "OUT=Q8_SPLIT needs n a multiple of 32 (one record per 32 outputs), not n={}",
-                        mp.n
-                    ));
-                }
+        if gemv_out(d)? == ActFormat::Q8Split {
+            let block_rows = warps / ksplit * rows;
+            if block_rows % 32 != 0 {
+                return Err(format!(
+                    "OUT=Q8_SPLIT writes whole 32-row records per block: (WARPS / KSPLIT) * ROWS = {block_rows} is not a multiple of 32"
+                ));
             }
-            Some(o) => return Err(format!("OUT={o} is not F32 or Q8_SPLIT")),
+            if mp.n % 32 != 0 {
+                return Err(format!(
+                    "OUT=Q8_SPLIT needs n a multiple of 32 (one record per 32 outputs), not n={}",
+                    mp.n
+                ));
+            }
         }
         if !(1..=8).contains(&mp.m) {
             return Err(format!("gemv handles 1..8 tokens, not m={}", mp.m));

@@ -14,16 +14,9 @@ use crate::workload::{poison, OpKind, Workload};
 
 /// The `OUT` define of a producer.
 pub(crate) fn out_format(d: &Defines) -> Result<ActFormat, String> {
-    match get_str(d, "OUT")?.as_str() {
-        "F32" => Ok(ActFormat::F32),
-        "Q8_1" => Ok(ActFormat::Q8_1),
-        "DQ_F16" => Ok(ActFormat::DqF16),
-        "DQ_BF16" => Ok(ActFormat::DqBf16),
-        "Q8_SPLIT" => Ok(ActFormat::Q8Split),
-        o => Err(format!(
-            "OUT={o} is not F32, Q8_1, DQ_F16, DQ_BF16 or Q8_SPLIT"
-        )),
-    }
+    let o = get_str(d, "OUT")?;
+    ActFormat::from_define(&o)
+        .ok_or_else(|| format!("OUT={o} is not F32, Q8_1, DQ_F16, DQ_BF16 or Q8_SPLIT"))
 }
 
 /// Width requirements of a row in format `f`.

@@ -46,11 +46,17 @@ fn synth_plan(
     w: WeightType,
     what: &str,
 ) -> (ForwardPlan, ModelDims) {
-    let planner = Planner::new(
-        Profile::load(profile).expect("profile"),
-        None,
-        DeviceLimits::for_arch(Arch(90)),
-    );
+    synth_plan_of(Profile::load(profile).expect("profile"), cfg, w, what)
+}
+
+/// `synth_plan` for a profile already read.
+fn synth_plan_of(
+    profile: Profile,
+    cfg: &Gemma4Config,
+    w: WeightType,
+    what: &str,
+) -> (ForwardPlan, ModelDims) {
+    let planner = Planner::new(profile, None, DeviceLimits::for_arch(Arch(90)));
     let dims = ModelDims::of_synth(cfg, w, &planner);
     let sizing = Sizing {
         max_seq: 4096,
@@ -480,18 +486,8 @@ fn a_fused_gate_up_writes_the_down_projections_records() {
     };
     for (rows, warps, records) in [(4, 8, true), (2, 8, false)] {
         let what = format!("e4b q8_0 fused ROWS={rows} WARPS={warps}");
-        let planner = Planner::new(
-            Profile::parse("fused.toml", &fused(rows, warps)).expect("profile"),
-            None,
-            DeviceLimits::for_arch(Arch(90)),
-        );
-        let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
-        let sizing = Sizing {
-            max_seq: 4096,
-            ubatch: 512,
-            kv_type: KvType::F16,
-        };
-        let plan = ForwardPlan::resolve(&planner, &cfg, &dims, sizing).expect("plan");
+        let profile = Profile::parse("fused.toml", &fused(rows, warps)).expect("profile");
+        let (plan, _) = synth_plan_of(profile, &cfg, WeightType::Q8_0, &what);
         let mut decode = 0;
         for b in &plan.buckets {
             for (l, lp) in b.layers.iter().enumerate() {
