@@ -87,6 +87,14 @@ pub struct ProfileFile {
     /// either way. Inherited from the base unless set.
     #[serde(default)]
     pub decode_launch: Option<String>,
+    /// How a decode step computes `gelu(PLE gate) * per-layer input`
+    /// (E2B/E4B): `"fused"` (the gate GEMV multiplies its own outputs, gemv
+    /// FUSE=2, where the gate's variant is a plain GEMV and the projection
+    /// after it reads f32: one launch fewer per layer) or `"separate"` (a
+    /// `gelu_mul` launch after the gate). The same arithmetic either way.
+    /// Inherited from the base unless set.
+    #[serde(default)]
+    pub ple_gelu: Option<String>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -181,6 +189,9 @@ pub struct Profile {
     /// How a decode step's launches follow each other
     /// (`ProfileFile::decode_launch`).
     pub decode_launch: DecodeLaunch,
+    /// The PLE gate GEMV writes `gelu(gate) * per-layer input` itself in
+    /// decode (`ProfileFile::ple_gelu = "fused"`).
+    pub fuse_ple_gelu: bool,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -370,8 +381,9 @@ fn check_choice(
     Ok(())
 }
 
-/// Defines the engine sets per call site; a profile must not.
-pub const BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "HEAD_DIM", "OUT"];
+/// Defines the engine sets per call site; a profile must not. (`H_RECORDS`:
+/// the MoE gate|up writes h in the format its down stage reads.)
+pub const BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "HEAD_DIM", "OUT", "H_RECORDS"];
 
 /// The committed profiles, embedded so the binary works anywhere.
 pub const BUILTIN: &[(&str, &str)] = &[
@@ -517,6 +529,7 @@ impl Profile {
                 head_convert: None,
                 expand_gemm_scales: false,
                 decode_launch: DecodeLaunch::Plain,
+                fuse_ple_gelu: false,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -560,6 +573,17 @@ impl Profile {
                     "decode_launch = \"{v}\": write \"chained\", \"chained-dense\" or \"plain\""
                 ),
             })?;
+        }
+        match f.ple_gelu.as_deref() {
+            None => {}
+            Some("fused") => p.fuse_ple_gelu = true,
+            Some("separate") => p.fuse_ple_gelu = false,
+            Some(other) => {
+                return Err(ProfileError::Parse {
+                    at: loc.key(&["ple_gelu"]),
+                    msg: format!("ple_gelu = \"{other}\": write \"fused\" or \"separate\""),
+                })
+            }
         }
         if p.lossless && p.head_convert.is_some() {
             return Err(ProfileError::Parse {

@@ -6,7 +6,10 @@
 // d * q (Q8_0, Q4_0 with q - 8), (d * sc) * q - dmin * m (Q4_K, Q5_K),
 // (d * scale) * (q - 32) (Q6_K), the value itself (F16, BF16). With FUSE=1
 // there are two matrices (gate G, up U) and y[t][r] = gelu_tanh(G x) * (U x)
-// (the Gemma FFN input half).
+// (the Gemma FFN input half); with FUSE=2 one matrix and a given f32 operand
+// s, y[t][r] = gelu_tanh(W x)[t][r] * side[t * side_stride + r] (the PLE
+// gate of E2B/E4B times the layer's per-layer input, so no gelu_mul launch
+// stands between the PLE's two GEMVs).
 //
 // Weights, per LAYOUT:
 //   0: GGUF blocks, row-major [n][k/32] blocks of 34 (Q8_0) / 18 (Q4_0) bytes,
@@ -70,7 +73,8 @@
 //      does. In padded shared memory the same reads are conflict-free. The
 //      price is the copy: k * 4 * NT bytes from L2 per block.
 // Output, per OUT: F32: y[NT][n] f32, every element written exactly once;
-// Q8_SPLIT: the same values (gelu(G x) * (U x) with FUSE=1) as split Q8
+// Q8_SPLIT: the same values (gelu(G x) * (U x) with FUSE=1, gelu(W x) * s
+// with FUSE=2) as split Q8
 // records XSplit[NT][n / 32] (q8_split.cuh), the input the next GEMV reads
 // with ALGO 3, so no producer pass stands between the two GEMVs (the FFN's
 // gate|up and down). n must be a multiple of 32 and a block's rows,
@@ -105,7 +109,8 @@
 //   LAYOUT  0 = GGUF blocks (2-byte loads), 1 = aligned planes (16-byte loads)
 //   ROWS    rows per warp (1..8)
 //   WARPS   warps per block (1..32)
-//   FUSE    0 = plain, 1 = gate+up with gelu_tanh(gate) * up
+//   FUSE    0 = plain, 1 = gate+up with gelu_tanh(gate) * up, 2 = gelu_tanh(W x)
+//           times the side operand (side, side_stride; unused otherwise)
 //   KSPLIT  warps sharing one row group (split over k): 1, 2, 4, 8; divides WARPS
 //   UNROLL  chunks per lane whose loads are in flight together: 1, 2, 4
 //   XSMEM   0 = activations read from global memory, 1 = staged in shared
@@ -189,7 +194,25 @@
 #endif
 #include "gemv_chunk.cuh"
 
-#define NMAT (FUSE ? 2 : 1)
+#if FUSE != 0 && FUSE != 1 && FUSE != 2
+#error "gemv.cu: FUSE must be 0, 1 or 2"
+#endif
+#define NMAT (FUSE == 1 ? 2 : 1)
+
+// The value written for output row `row` (< n) of token t from its sums:
+// g (the matrix's, or the gate's) and u (the up matrix's, FUSE=1 only).
+DEVI float gemv_value(float g, float u, const float* __restrict__ side, int side_stride, int t, int row) {
+#if FUSE == 1
+    (void)side, (void)side_stride, (void)t, (void)row;
+    return gelu_tanh(g) * u;
+#elif FUSE == 2
+    (void)u;
+    return gelu_tanh(g) * __ldg(side + (u64)t * side_stride + row);
+#else
+    (void)u, (void)side, (void)side_stride, (void)t, (void)row;
+    return g;
+#endif
+}
 
 #if ALGO == 0 && KQ
 // The same weights four at a time for a segment chosen at run time: seg
@@ -259,7 +282,7 @@ template <int NT>
 DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                     const u8* __restrict__ wq2, const u16* __restrict__ wd2,
                     const float* __restrict__ x, const i8* __restrict__ xq, const float2* __restrict__ xds,
-                    float* __restrict__ y, int n, int k) {
+                    float* __restrict__ y, int n, int k, const float* __restrict__ side, int side_stride) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / KSPLIT, slice = warp % KSPLIT;
     const int row0 = (blockIdx.x * (WARPS / KSPLIT) + group) * ROWS;
@@ -330,7 +353,7 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                 // Rows past the end re-read the last row; their sums are dropped.
                 const int row = min(row0 + r, n - 1);
                 ch[u][0][r] = load_chunk(wq, wd, row, c, k);
-#if FUSE
+#if FUSE == 1
                 ch[u][1][r] = load_chunk(wq2, wd2, row, c, k);
 #endif
             }
@@ -408,13 +431,9 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
         for (int r = 0; r < ROWS; ++r) {
             if (row0 + r < n) {
 #pragma unroll
-                for (int t = 0; t < NT; ++t) {
-#if FUSE
-                    y[(u64)t * n + row0 + r] = gelu_tanh(acc[0][r][t]) * acc[1][r][t];
-#else
-                    y[(u64)t * n + row0 + r] = acc[0][r][t];
-#endif
-                }
+                for (int t = 0; t < NT; ++t)
+                    y[(u64)t * n + row0 + r] =
+                        gemv_value(acc[0][r][t], acc[NMAT - 1][r][t], side, side_stride, t, row0 + r);
             }
         }
     }
@@ -429,36 +448,25 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-#if FUSE
-                ys[t][group * ROWS + r] = gelu_tanh(acc[0][r][t]) * acc[1][r][t];
-#else
-                ys[t][group * ROWS + r] = acc[0][r][t];
-#endif
+                ys[t][group * ROWS + r] = row0 + r < n ? gemv_value(acc[0][r][t], acc[NMAT - 1][r][t], side,
+                                                                     side_stride, t, row0 + r)
+                                                        : 0.f;
             }
     }
     __syncthreads();
     XSplit* rec = reinterpret_cast<XSplit*>(y);
     const int ngroups = BLOCK_ROWS / 32;
-    const int records = NT * ngroups;
-    const int g0 = blockIdx.x * ngroups;
-    // Eight lanes per record (four values each), four records per warp
-    // pass; the loop bound is the same on every lane of a warp.
-    for (int i0 = warp * 4; i0 < records; i0 += WARPS * 4) {
-        const int i = i0 + lane / 8, at = (lane % 8) * 4;
-        const int t = i / ngroups, g = i - t * ngroups;
-        const bool valid = i < records && (g0 + g) * 32 < n;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (valid) v = make_float4(ys[t][g * 32 + at], ys[t][g * 32 + at + 1], ys[t][g * 32 + at + 2], ys[t][g * 32 + at + 3]);
-        split_write4(rec + (u64)(valid ? t : 0) * (n / 32) + g0 + (valid ? g : 0), at, v, valid);
-    }
+    split_store_rows(&ys[0][0], BLOCK_ROWS, NT, ngroups, blockIdx.x * ngroups, n / 32,
+                     [&](int t) { return rec + (u64)t * (n / 32); });
 #endif
 }
 
 #define GEMV_ENTRY(NT)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) gemv_n##NT(                     \
         const u8* wq, const u16* wd, const u8* wq2, const u16* wd2, const float* x,            \
-        const i8* xq, const float2* xds, float* y, int n, int k) {                              \
-        gemv_body<NT>(wq, wd, wq2, wd2, x, xq, xds, y, n, k);                                   \
+        const i8* xq, const float2* xds, float* y, int n, int k, const float* side,            \
+        int side_stride) {                                                                      \
+        gemv_body<NT>(wq, wd, wq2, wd2, x, xq, xds, y, n, k, side, side_stride);                \
     }
 GEMV_ENTRY(1)
 GEMV_ENTRY(2)

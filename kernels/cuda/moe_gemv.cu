@@ -42,13 +42,24 @@
 // per 32 values, x ~ d1 q1 + d2 q2, about 15 bits; gemv.cu ALGO 2's
 // rule, written by split_write4) and two dp4a per weight word (contract
 // approx at the split's 1e-4, replayed on the same records' values).
+// 3 (DOWN only) = the split records of ALGO 2, read from global memory
+// where GATE_UP wrote them (H_RECORDS=1), so no DOWN block quantizes h:
+// the same records bit for bit (the same f32 values through the same
+// rule), hence the same sums as ALGO 2 (contract approx, the same replay).
 // The FMA form reads 4 bytes of activations per weight from L1, 64 bytes
 // for a lane's 16-byte weight chunk, and converts every weight; the dp4a
 // forms read 16 (Q8_1) or 32 (split) bytes from shared memory per chunk and
 // convert nothing. GATE_UP quantizes x [NT][d], DOWN all NT*K rows of h,
 // each block the whole of it, with the loads of several stretches per
 // warp in flight before any is converted. Weight types: Q8_0, Q4_0 (either
-// layout) and Q4_K / Q5_K / Q6_K planes.
+// layout) and Q4_K / Q5_K / Q6_K planes (ALGO 3: planes, LAYOUT 1).
+//
+// H_RECORDS (GATE_UP): 0 writes h as f32 [NT*K][ffn]; 1 writes it as the
+// split records DOWN's ALGO 3 reads, XSplit [NT*K][ffn / 32] (80 bytes per
+// 32 values, inside the f32 buffer's size): the block's WARPS*ROWS rows
+// (a multiple of 32) meet in shared memory per pair and leave as whole
+// records. A DOWN block then starts streaming weights at once, where ALGO
+// 2 has each of its blocks split every pair's h row first.
 //
 // Grid: GATE_UP (ceil(ffn / (WARPS*ROWS)), min(E, NT*K)); DOWN
 // (ceil(d / ((WARPS/KSPLIT)*ROWS)), 1); block WARPS*32 threads. GATE_UP:
@@ -63,8 +74,9 @@
 // warp and, with KSPLIT > 1, the group's partial sums meet in shared memory
 // (slice order). Every output element is written exactly once.
 // Contract: ALGO 0 fp (reassociated f32 sums of exactly dequantized
-// weights; GELU in f32 with tanhf); ALGO 1 and 2 approx (the Q8_1 or split
-// activations), tight against the CPU replay on the same values.
+// weights; GELU in f32 with tanhf); ALGO 1, 2 and 3 approx (the Q8_1 or
+// split activations), tight against the CPU replay on the same values;
+// H_RECORDS=1 adds the split of h (about 1e-5 of its RMS) to GATE_UP's.
 //
 // COUNT_BYTES = 1 (tests): each warp adds, per expert, the device bytes of
 // the weight rows it reads (the rows it owns, quants and scales) to
@@ -85,7 +97,9 @@
 //   COUNT_BYTES  0 | 1: count the weight bytes read per expert into count[]
 //   ALGO         0 = f32 activations, FMA; 1 = Q8_1 activations made per
 //                block in dynamic shared memory (5/4 byte per value), dp4a;
-//                2 = split Q8 records made per block (5/2 byte per value)
+//                2 = split Q8 records made per block (5/2 byte per value);
+//                3 = (DOWN) split Q8 records GATE_UP wrote (H_RECORDS=1)
+//   H_RECORDS    GATE_UP's h: 0 = f32, 1 = split Q8 records (DOWN: 0)
 
 #ifndef WTYPE
 #error "moe_gemv.cu needs WTYPE"
@@ -114,6 +128,9 @@
 #ifndef ALGO
 #error "moe_gemv.cu needs ALGO"
 #endif
+#ifndef H_RECORDS
+#error "moe_gemv.cu needs H_RECORDS"
+#endif
 
 #define GATE_UP 1
 #define DOWN 2
@@ -125,11 +142,17 @@
 // ALGO 1 would hide it from ALGO 2).
 #include "q8_split.cuh"
 
-#if ALGO != 0 && ALGO != 1 && ALGO != 2
-#error "moe_gemv.cu: ALGO must be 0 (f32, FMA), 1 (Q8_1, dp4a) or 2 (split Q8, dp4a)"
+#if ALGO != 0 && ALGO != 1 && ALGO != 2 && ALGO != 3
+#error "moe_gemv.cu: ALGO must be 0 (f32, FMA), 1 (Q8_1, dp4a), 2 (split Q8, dp4a) or 3 (split Q8 records of h, dp4a)"
+#endif
+#if ALGO == 3 && (STAGE != DOWN || LAYOUT != 1)
+#error "moe_gemv.cu: ALGO 3 reads the h records GATE_UP wrote: STAGE=DOWN on planes (LAYOUT=1)"
+#endif
+#if H_RECORDS != 0 && (H_RECORDS != 1 || STAGE != GATE_UP || (WARPS * ROWS) % 32 != 0)
+#error "moe_gemv.cu: H_RECORDS=1 is GATE_UP's, with WARPS * ROWS a multiple of 32 (whole records per block)"
 #endif
 #if ALGO != 0 && (IS_W16(WTYPE) || (WTYPE == Q6_K && LAYOUT == 0))
-#error "moe_gemv.cu: ALGO 1 and 2 read Q8_0 / Q4_0 weights or k-quant planes"
+#error "moe_gemv.cu: ALGO 1, 2 and 3 read Q8_0 / Q4_0 weights or k-quant planes"
 #endif
 
 #if STAGE != GATE_UP && STAGE != DOWN
@@ -243,7 +266,7 @@ DEVI void group_experts(const int* __restrict__ ids, int n_experts, int n_used, 
     __syncthreads();
 }
 
-#if ALGO != 0
+#if ALGO == 1 || ALGO == 2
 // Stretches of 128 values per warp whose loads are in flight together.
 #define Q8_BATCH 8
 
@@ -279,7 +302,7 @@ DEVI void quantize_to_shared(const float* __restrict__ src, u8* dst, int n) {
 }
 
 #endif
-#if ALGO != 0
+#if ALGO == 1 || ALGO == 2
 // The quantized activations: ALGO 1 n int8 values, then n / 32 (d, sum)
 // pairs; ALGO 2 n / 32 split records.
 extern __shared__ __align__(16) u8 q8_smem[];
@@ -291,6 +314,19 @@ DEVI float split_dot(const Chunk& ch, const XSplit* rec, int el) {
     return chunk_dot_split(ch, rec[el / 32]);
 #else
     return chunk_dot_split(ch, rec[el / 32], el % 32);
+#endif
+}
+#elif ALGO == 3
+// The same product on records in global memory: a Q8_0 plane chunk (16
+// elements) loads only its half of the record (split_load_half, three
+// 16-byte loads), a 32-element chunk the whole record.
+DEVI float split_dot(const Chunk& ch, const XSplit* __restrict__ rec, int el) {
+#if KQ
+    return chunk_dot_split(ch, split_load(rec + el / 32));
+#elif WTYPE == Q8_0
+    return chunk_dot_split(ch, split_load_half(rec + el / 32, (el / 16) & 1), 0);
+#else
+    return chunk_dot_split(ch, split_load(rec + el / 32), 0);
 #endif
 }
 #endif
@@ -323,7 +359,7 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
                        int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
     pdl_enter();
-#if ALGO != 0
+#if ALGO == 1 || ALGO == 2
     // Every token's x: group_experts' barriers publish it.
     quantize_to_shared(x, q8_smem, NT * d);
 #if ALGO == 1
@@ -338,7 +374,10 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
     if (u >= g.n) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
-    if (row0 >= ffn) return;
+    const bool active = row0 < ffn;
+#if !H_RECORDS
+    if (!active) return;
+#endif
     const int e = g.expert[u], cnt = g.cnt[u];
     const int base = e * 2 * ffn;
     float acc[2][ROWS][NT];
@@ -348,7 +387,8 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[m][r][t] = 0.f;
-    const int nchunks = d / CHUNK;
+    // Warps past the rows (H_RECORDS=1 only) still reach the barrier below.
+    const int nchunks = active ? d / CHUNK : 0;
     // UNROLL chunks of the lane's gate and up rows are loaded before any is
     // used: 2 x ROWS x UNROLL loads in flight per lane.
     for (int c0 = lane; c0 < nchunks; c0 += 32 * UNROLL) {
@@ -402,6 +442,26 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[m][r][t] = warp_sum(acc[m][r][t]);
+#if H_RECORDS
+    // The block's WARPS*ROWS values of each pair meet in shared memory,
+    // then leave as split records: pair p's row of records at
+    // h + p * (ffn / 32) records, this block's from record
+    // blockIdx.x * (WARPS*ROWS / 32). ffn is a multiple of 32, so a 32-row
+    // group is wholly inside the rows or past them.
+    __shared__ float hv[NT][WARPS * ROWS];
+    if (lane == 0 && active)
+        for (int i = 0; i < cnt; ++i) {
+            const int t = g.tok[u][i];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                hv[i][warp * ROWS + r] = gelu_tanh(pick<NT>(acc[0][r], t)) * pick<NT>(acc[1][r], t);
+        }
+    __syncthreads();
+    XSplit* rec = reinterpret_cast<XSplit*>(h);
+    const int ngroups = WARPS * ROWS / 32;
+    split_store_rows(&hv[0][0], WARPS * ROWS, cnt, ngroups, blockIdx.x * ngroups, ffn / 32,
+                     [&](int i) { return rec + (u64)g.pair[u][i] * (ffn / 32); });
+#else
     if (lane == 0) {
         for (int i = 0; i < cnt; ++i) {
             const int t = g.tok[u][i];
@@ -410,11 +470,11 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
             for (int r = 0; r < ROWS; ++r)
                 if (row0 + r < ffn) hr[row0 + r] = gelu_tanh(pick<NT>(acc[0][r], t)) * pick<NT>(acc[1][r], t);
         }
-#if COUNT_BYTES
-        atomicAdd(count + e, 2ull * (u64)min(ROWS, ffn - row0) * row_bytes(d));
-#endif
     }
-#if !COUNT_BYTES
+#endif
+#if COUNT_BYTES
+    if (lane == 0 && active) atomicAdd(count + e, 2ull * (u64)min(ROWS, ffn - row0) * row_bytes(d));
+#else
     (void)count;
 #endif
 }
@@ -432,7 +492,10 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
                     unsigned long long* __restrict__ count, int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
     pdl_enter();
-#if ALGO != 0
+#if ALGO == 3
+    // GATE_UP's records of every pair's h row: hs[p * (ffn / 32) + g].
+    const XSplit* hs = reinterpret_cast<const XSplit*>(h);
+#elif ALGO != 0
     // Every pair's h row (a pair with an invalid id is quantized and never
     // read): group_experts' barriers publish it.
     quantize_to_shared(h, q8_smem, NT * n_used * ffn);
@@ -499,7 +562,7 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
                 const float2* hdr = hds + p * (ffn / 32);
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * chunk_dot_q8(ch[v][r], hqr, hdr, el));
-#elif ALGO == 2
+#elif ALGO == 2 || ALGO == 3
                 const XSplit* hr = hs + p * (ffn / 32);
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) add_at<NT>(acc[r], g.tok[u][i], w * split_dot(ch[v][r], hr, el));

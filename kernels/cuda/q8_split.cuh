@@ -79,6 +79,28 @@ DEVI void split_write4(XSplit* rec, int at, float4 v, bool valid) {
     }
 }
 
+// A block's values as records: row r's values (v + r * vstride, in shared
+// memory, ngroups * 32 of them) go to records dst(r) + g0 .. dst(r) + g0 +
+// ngroups - 1, records at or past `limit` skipped. Every thread of the block
+// calls it (the loop bound is the same on every lane of a warp): eight lanes
+// per record, four records per warp pass.
+template <typename Dst>
+DEVI void split_store_rows(const float* v, int vstride, int rows, int ngroups, int g0, int limit, Dst dst) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int records = rows * ngroups;
+    for (int i0 = warp * 4; i0 < records; i0 += warps * 4) {
+        const int i = i0 + lane / 8, at = (lane % 8) * 4;
+        const int r = i / ngroups, g = i - r * ngroups;
+        const bool valid = i < records && g0 + g < limit;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (valid) {
+            const float* p = v + r * vstride + g * 32 + at;
+            x = make_float4(p[0], p[1], p[2], p[3]);
+        }
+        split_write4(valid ? dst(r) + g0 + g : nullptr, at, x, valid);
+    }
+}
+
 // One record read from global memory through the read-only path: five
 // 16-byte loads (ALGO 3 reads a producer's records this way).
 DEVI XSplit split_load(const XSplit* __restrict__ p) {

@@ -77,6 +77,7 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
             v.push((GgmlType::Q6K, Vec::new()));
             v.push((GgmlType::Q8_0, vec![("ALGO", int(0)), ("LAYOUT", int(0))]));
             v.push((GgmlType::Q8_0, vec![("FUSE", int(1)), ("ROWS", int(1))]));
+            v.push((GgmlType::Q8_0, vec![("FUSE", int(2))]));
         }
         "gemm_dq" => v.push((GgmlType::Q8_0, vec![("DQ_TYPE", text("BF16"))])),
         "gemm_wgmma" => v.push((GgmlType::Q8_0, vec![("KSPLIT", int(2))])),
@@ -237,7 +238,14 @@ fn launches(
                 data: NULL,
                 scales: NULL,
             };
-            let mut out = vec![(main, b.kargs(&w, &x, NULL, m, n, k).expect("kargs"))];
+            let side = b.side.then_some(gemtune_kernels::bind::matmul::Side {
+                ptr: NULL,
+                stride: n,
+            });
+            let args = b
+                .kargs_with_side(&w, &x, NULL, m, n, k, side)
+                .expect("kargs");
+            let mut out = vec![(main, args)];
             // quantize_q8_1 is a family (and a module) of its own, checked
             // above; gemm_dq_convert is an entry of this module.
             if b.prepass == Prepass::DqConvert {

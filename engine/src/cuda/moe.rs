@@ -365,13 +365,14 @@ mod tests {
     /// A MoE slot may name an entry per weight type (`slot@WTYPE`, the
     /// expert stacks' type): main serves Q8_0 and Q4_K gate|up stacks with
     /// entries of their own and Q4_0 ones with the group's entry (each
-    /// entry's `why` names its stacks).
+    /// entry's `why` names its stacks); all at 4 row pairs x 8 warps, whole
+    /// 32-row records of h for the down stage.
     #[test]
     fn moe_slots_resolve_per_expert_weight_type() {
         for (w, rows, entry) in [
-            (WeightType::Q8_0, 2, "on Q8_0 stacks"),
-            (WeightType::Q4_0, 2, "(Q4_0 stacks;"),
-            (WeightType::Q4KM, 1, "on Q4_K stacks"),
+            (WeightType::Q8_0, 4, "on Q8_0 stacks"),
+            (WeightType::Q4_0, 4, "(Q4_0 stacks;"),
+            (WeightType::Q4KM, 4, "on Q4_K stacks"),
         ] {
             let (plan, _, _) = moe_plan("main", SynthVariant::B26A4b, w, 64);
             let b = plan.bucket(1).expect("the decode bucket");
@@ -447,11 +448,14 @@ mod tests {
                             );
                             let sizes: Vec<usize> = groups.iter().map(|g| g.rows).collect();
                             assert_eq!(sizes, sizes_want, "{what}");
-                            // main: dp4a over split Q8 made per block (every
-                            // type here has it); strict: the FMA form.
-                            let algo = if profile == "main" { 2 } else { 0 };
+                            // main: gate|up on dp4a over split Q8 made per
+                            // block, down on the records it writes (every
+                            // type here has both); strict: the FMA form.
+                            let (gu, dn) = if profile == "main" { (2, 3) } else { (0, 0) };
                             for g in groups {
-                                for (id, st) in [(g.gate_up, "GATE_UP"), (g.down, "DOWN")] {
+                                for (id, st, algo) in
+                                    [(g.gate_up, "GATE_UP", gu), (g.down, "DOWN", dn)]
+                                {
                                     let kernel = stage_is(id, "moe_gemv", st);
                                     assert!(kernel.ends_with(&format!("_n{}", g.rows)), "{what}");
                                     assert_eq!(

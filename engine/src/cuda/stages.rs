@@ -7,7 +7,7 @@
 //! launches the planned kernels (`k[id]`, the kernels at the chunk's grid).
 
 use gemtune_kernels::bind::attention as battn;
-use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
+use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Side, Weights};
 use gemtune_kernels::bind::rows::{self as brows, ScaleExpandArgs};
 use gemtune_kernels::bind::{Act, ActFormat, DevPtr, NULL};
 use gemtune_kernels::families::scale_expand;
@@ -183,6 +183,7 @@ impl CudaEngine<'_> {
                     (y, y_off),
                     rows,
                     m.scales.is_some(),
+                    None,
                 )
             }
             MatmulExec::RowBlocks { blocks } => {
@@ -201,7 +202,7 @@ impl CudaEngine<'_> {
                         },
                     };
                     let ys = (y, y_off + 4 * r0 * (w.n / b.matrices));
-                    self.matmul_launch(k, *id, b, w, &xs, ys, mc, false)?;
+                    self.matmul_launch(k, *id, b, w, &xs, ys, mc, false, None)?;
                     r0 += mc;
                 }
                 Ok(())
@@ -231,9 +232,33 @@ impl CudaEngine<'_> {
         self.launch(k, id, &args.kargs())
     }
 
+    /// `matmul` of a GEMV bound to multiply `gelu(W x)` by `side` (gemv
+    /// FUSE=2: the PLE gate times the layer's per-layer input).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_times_side(
+        &self,
+        k: &[Kernel],
+        m: &MatmulPlan,
+        w: &GpuMatrix,
+        x: &Act,
+        y: &DeviceBuffer,
+        rows: usize,
+        side: Side,
+    ) -> Result<(), EngineError> {
+        let MatmulExec::Kernel { launch, binding } = &m.exec else {
+            return Err(EngineError::Device(format!(
+                "{}: a GEMV times a side operand is one kernel launch",
+                w.name
+            )));
+        };
+        self.mark(m.proj.phase())?;
+        self.matmul_launch(k, *launch, binding, w, x, (y, 0), rows, false, Some(side))
+    }
+
     /// One launch of a matmul kernel. `expanded`: its scale plane is the
     /// one `expand_scales` just wrote into the scale scratch buffer (the
-    /// quant plane is the matrix's own).
+    /// quant plane is the matrix's own). `side`: the operand of a gemv
+    /// FUSE=2 binding.
     #[allow(clippy::too_many_arguments)]
     fn matmul_launch(
         &self,
@@ -245,6 +270,7 @@ impl CudaEngine<'_> {
         (y, y_off): (&DeviceBuffer, usize),
         rows: usize,
         expanded: bool,
+        side: Option<Side>,
     ) -> Result<(), EngineError> {
         let n = w.n / b.matrices;
         if b.zero_output {
@@ -266,7 +292,15 @@ impl CudaEngine<'_> {
             };
         }
         let args = b
-            .kargs(&ws[..b.matrices], x, y.ptr() + y_off as u64, rows, n, w.k)
+            .kargs_with_side(
+                &ws[..b.matrices],
+                x,
+                y.ptr() + y_off as u64,
+                rows,
+                n,
+                w.k,
+                side,
+            )
             .map_err(|e| EngineError::Device(format!("{}: {e}", w.name)))?;
         self.launch(k, id, &args)
     }
@@ -660,23 +694,38 @@ impl CudaEngine<'_> {
             r,
         )?;
         let xa = self.input_from_f32(k, &pp.gate, x, r)?;
-        self.matmul(k, &pp.gate, gate, &xa, &self.b.pg, r)?;
         let p = cfg.ple_dim;
-        let out = if pp.proj.input == ActFormat::F32 {
-            Act::f32(self.b.h.ptr())
-        } else {
-            self.act(pp.proj.input)
-        };
         let per_layer = self.b.ple.ptr() + 4 * (l * p) as u64;
-        self.gelu_mul(
-            k,
-            pp.gelu,
-            (self.b.pg.ptr(), p),
-            (per_layer, cfg.n_layers * p),
-            out,
-            r,
-            p,
-        )?;
+        let out = match pp.gelu {
+            // The gate GEMV multiplies gelu(gate) by the per-layer input
+            // itself (gemv FUSE=2), into the f32 rows the projection reads.
+            None => {
+                let side = Side {
+                    ptr: per_layer,
+                    stride: cfg.n_layers * p,
+                };
+                self.matmul_times_side(k, &pp.gate, gate, &xa, &self.b.h, r, side)?;
+                Act::f32(self.b.h.ptr())
+            }
+            Some(gelu) => {
+                self.matmul(k, &pp.gate, gate, &xa, &self.b.pg, r)?;
+                let out = if pp.proj.input == ActFormat::F32 {
+                    Act::f32(self.b.h.ptr())
+                } else {
+                    self.act(pp.proj.input)
+                };
+                self.gelu_mul(
+                    k,
+                    gelu,
+                    (self.b.pg.ptr(), p),
+                    (per_layer, cfg.n_layers * p),
+                    out,
+                    r,
+                    p,
+                )?;
+                out
+            }
+        };
         self.matmul(k, &pp.proj, proj, &out, &self.b.y, r)
     }
 

@@ -121,6 +121,15 @@ pub fn gemv_out(d: &Defines) -> Result<ActFormat, String> {
     }
 }
 
+/// The f32 operand a gemv FUSE=2 multiplies `gelu_tanh(W x)` by: token
+/// t's row at `ptr + 4 * t * stride` bytes, `n` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Side {
+    pub ptr: DevPtr,
+    /// Row stride in values.
+    pub stride: usize,
+}
+
 /// One matmul variant's calling convention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulBinding {
@@ -133,6 +142,10 @@ pub struct MatmulBinding {
     /// Weight matrices per call: 2 for the fused gate+up GEMV, which
     /// writes `gelu_tanh(W0 x) * (W1 x)`.
     pub matrices: usize,
+    /// The GEMV multiplies `gelu_tanh(W x)` by a given f32 operand (gemv
+    /// FUSE=2: the PLE gate times the layer's per-layer input), passed as
+    /// a `Side` to `kargs_with_side`.
+    pub side: bool,
     /// The format `y` is written in: f32 `[m][n]`, or (gemv OUT=Q8_SPLIT)
     /// the split Q8 records `[m][n / 32]` the next GEMV reads with ALGO 3.
     pub out: ActFormat,
@@ -177,6 +190,7 @@ impl MatmulBinding {
                     },
                     zero_output: false,
                     matrices: if get_int(d, "FUSE")? == 1 { 2 } else { 1 },
+                    side: get_int(d, "FUSE")? == 2,
                     out: gemv_out(d)?,
                 }
             }
@@ -189,6 +203,7 @@ impl MatmulBinding {
                 prepass: Prepass::QuantizeQ8_1,
                 zero_output: false,
                 matrices: 1,
+                side: false,
                 out: ActFormat::F32,
             },
             MatmulFamily::GemmDq => MatmulBinding {
@@ -200,6 +215,7 @@ impl MatmulBinding {
                 prepass: Prepass::DqConvert,
                 zero_output: false,
                 matrices: 1,
+                side: false,
                 out: ActFormat::F32,
             },
             MatmulFamily::GemmWgmma => MatmulBinding {
@@ -211,13 +227,15 @@ impl MatmulBinding {
                 prepass: Prepass::DqConvert,
                 zero_output: get_int(d, "KSPLIT")? > 1,
                 matrices: 1,
+                side: false,
                 out: ActFormat::F32,
             },
         })
     }
 
     /// The main kernel's parameters. `w` holds `self.matrices` weights; `x`
-    /// is in `self.act`.
+    /// is in `self.act`. A binding with a side operand (`self.side`) needs
+    /// `kargs_with_side`.
     pub fn kargs(
         &self,
         w: &[Weights],
@@ -227,6 +245,29 @@ impl MatmulBinding {
         n: usize,
         k: usize,
     ) -> Result<Vec<KArg>, String> {
+        self.kargs_with_side(w, x, y, m, n, k, None)
+    }
+
+    /// `kargs` with the side operand of a gemv FUSE=2 binding (`None` for
+    /// every other binding).
+    #[allow(clippy::too_many_arguments)]
+    pub fn kargs_with_side(
+        &self,
+        w: &[Weights],
+        x: &Act,
+        y: DevPtr,
+        m: usize,
+        n: usize,
+        k: usize,
+        side: Option<Side>,
+    ) -> Result<Vec<KArg>, String> {
+        if self.side != side.is_some() {
+            return Err(format!(
+                "{} {} a side operand",
+                self.family.name(),
+                if self.side { "needs" } else { "takes no" }
+            ));
+        }
         if w.len() != self.matrices {
             return Err(format!(
                 "{} takes {} weight matrices, got {}",
@@ -245,13 +286,17 @@ impl MatmulBinding {
         }
         let (mi, ni, ki) = (i32_arg(m), i32_arg(n), i32_arg(k));
         Ok(match self.family {
-            // gemv_nM(wq, wd, wq2, wd2, x, xq, xds, y, n, k)
+            // gemv_nM(wq, wd, wq2, wd2, x, xq, xds, y, n, k, side, side_stride)
             MatmulFamily::Gemv => {
                 let w2 = w.get(1).copied().unwrap_or(Weights { q: NULL, d: NULL });
                 let (xf, xq, xds) = match self.act {
                     ActFormat::F32 => (x.data, NULL, NULL),
                     _ => (NULL, x.data, x.scales),
                 };
+                let s = side.unwrap_or(Side {
+                    ptr: NULL,
+                    stride: 0,
+                });
                 vec![
                     ptr(w[0].q),
                     ptr(w[0].d),
@@ -263,6 +308,8 @@ impl MatmulBinding {
                     ptr(y),
                     ni,
                     ki,
+                    ptr(s.ptr),
+                    i32_arg(s.stride),
                 ]
             }
             // mmq_gemm(wq, wd, xq, xds, y, M, N, K)
@@ -425,6 +472,42 @@ mod tests {
         }
     }
 
+    /// gemv FUSE=2 takes one matrix and a side operand (its pointer and
+    /// row stride after `k`); every other binding refuses one.
+    #[test]
+    fn gemv_side_operand_is_passed_only_where_bound() {
+        let mut d = family("gemv")
+            .expect("gemv")
+            .default_defines(GgmlType::Q8_0);
+        let x = Act {
+            format: ActFormat::Q8_1,
+            data: 1,
+            scales: 2,
+        };
+        let w = [Weights { q: 3, d: 4 }];
+        let side = Side {
+            ptr: 0x500,
+            stride: 96,
+        };
+        let plain = MatmulBinding::of("gemv", &d).expect("bind");
+        assert!(!plain.side);
+        assert!(plain
+            .kargs_with_side(&w, &x, 5, 1, 32, 64, Some(side))
+            .is_err());
+        d.insert("FUSE".into(), 2i64.into());
+        let b = MatmulBinding::of("gemv", &d).expect("bind");
+        assert!(b.side);
+        assert_eq!(b.matrices, 1);
+        let e = b.kargs(&w, &x, 5, 1, 32, 64).expect_err("no side");
+        assert!(e.contains("needs a side operand"), "{e}");
+        let args = b
+            .kargs_with_side(&w, &x, 5, 1, 32, 64, Some(side))
+            .expect("kargs");
+        assert_eq!(args.len(), 12);
+        assert_eq!(format!("{:?}", args[10]), format!("{:?}", ptr(0x500)));
+        assert_eq!(format!("{:?}", args[11]), format!("{:?}", i32_arg(96)));
+    }
+
     #[test]
     fn gemv_fuse_takes_two_matrices_and_split_k_zeroes() {
         let mut d = family("gemv")
@@ -492,6 +575,7 @@ mod tests {
                     prepass: Prepass::None,
                     zero_output: false,
                     matrices: 1,
+                    side: false,
                     out: ActFormat::F32,
                 };
                 let dw = b.device_weights(wt, &gguf, n, k).expect("device weights");

@@ -162,6 +162,7 @@ pub fn expert_binding(
         prepass: Prepass::None,
         zero_output: false,
         matrices: 1,
+        side: false,
         out: super::ActFormat::F32,
     })
 }

@@ -186,6 +186,7 @@ pub(crate) fn dq_workload(
         _acts: vec![xh],
         act,
         y,
+        side: None,
         geo: geo.clone(),
         binding,
         m,

@@ -3,7 +3,8 @@
 //! Q8_1 activations (dp4a), or split Q8 activations that each block makes
 //! from the f32 rows (ALGO 2, k-quant planes) or reads as records a
 //! producer wrote (ALGO 3, the planes of Q8_0, Q4_0 and the k-quants);
-//! optional gate+up+GELU fusion. See kernels/cuda/gemv.cu.
+//! optional gate+up+GELU fusion (FUSE=1) or GELU times a given operand
+//! (FUSE=2, the PLE gate). See kernels/cuda/gemv.cu.
 
 use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
@@ -157,7 +158,9 @@ impl Family for Gemv {
         // outputs by the same rule, but an output a few ulps from a
         // rounding boundary may round the other way there.
         let fp = fp_rms_bound(k) + if split_out(d) { 5e-5 } else { 0.0 };
-        let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1)));
+        // FUSE=1 and 2 end in gelu_tanh, which amplifies the activations'
+        // noise where its slope exceeds one.
+        let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1 | 2)));
         match (self.contract(d), d.get("ALGO")) {
             (Contract::Approx, Some(DefineValue::Int(1))) => {
                 dp4a_tolerance(ActNoise::Q8_1, fused, fp)
@@ -176,7 +179,7 @@ impl Family for Gemv {
         let wt = check_wtype(d, mp)?;
         let algo = int_in(d, "ALGO", &[0, 1, 2, 3])?;
         let layout = int_in(d, "LAYOUT", &[0, 1])?;
-        let fuse = int_in(d, "FUSE", &[0, 1])?;
+        let fuse = int_in(d, "FUSE", &[0, 1, 2])?;
         match wt {
             WType::Q6K if layout == 0 => {
                 // The GGUF super-blocks are read in one form only.
@@ -238,7 +241,9 @@ impl Family for Gemv {
         let ksplit = int_in(d, "KSPLIT", &[1, 2, 4, 8])?;
         let unroll = int_in(d, "UNROLL", &[1, 2, 4])?;
         let kquant = matches!(wt, WType::Q4K | WType::Q5K | WType::Q6K);
-        let chunks = (1 + fuse) * rows * unroll;
+        // FUSE=1 streams two matrices; FUSE=2 one (its side operand is
+        // read once per output).
+        let chunks = (1 + i64::from(fuse == 1)) * rows * unroll;
         // Nibble chunks unpack into twice their words; Q8_0's do not.
         let nibbles = kquant || wt == WType::Q4_0;
         let most = match (fuse == 1, kquant) {
@@ -323,7 +328,8 @@ impl Family for Gemv {
         let mp = matmul_of(p).map_err(GpuError::Rejected)?;
         let wt = check_wtype(d, mp).map_err(GpuError::Rejected)?;
         let algo = crate::defines::get_int(d, "ALGO").map_err(GpuError::Rejected)?;
-        let fuse = crate::defines::get_int(d, "FUSE").map_err(GpuError::Rejected)? == 1;
+        let fuse_mode = crate::defines::get_int(d, "FUSE").map_err(GpuError::Rejected)?;
+        let fuse = fuse_mode == 1;
         let (m, n, k) = (mp.m, mp.n, mp.k);
         let inputs = seeded_inputs(
             self.name(),
@@ -357,9 +363,15 @@ impl Family for Gemv {
             }
             _ => (vec![gpu.upload(x)?], (m * k * 4) as u64),
         };
-        let key = format!("gemv {m} {n} {k} {wt:?} fuse={fuse} {seed}");
+        // FUSE=2: the f32 operand gelu(W x) is multiplied by, [m][n].
+        let side: Option<Vec<f32>> = (fuse_mode == 2).then(|| {
+            let mut rng = super::rng_for("gemv side", &[m, n], seed);
+            super::random_matrix(&mut rng, m, n)
+        });
+        let key = format!("gemv {m} {n} {k} {wt:?} fuse={fuse_mode} {seed}");
         let inp = inputs.clone();
         let out_split = binding.out == ActFormat::Q8Split;
+        let side_vals = side.clone();
         let reference: super::RefFn = Box::new(move || {
             let combine = |parts: &[Vec<f64>]| -> Vec<f64> {
                 if fuse {
@@ -367,6 +379,12 @@ impl Family for Gemv {
                         .iter()
                         .zip(&parts[1])
                         .map(|(g, u)| gelu_tanh_f64(*g) * u)
+                        .collect()
+                } else if let Some(s) = &side_vals {
+                    parts[0]
+                        .iter()
+                        .zip(s)
+                        .map(|(g, &u)| gelu_tanh_f64(*g) * u as f64)
                         .collect()
                 } else {
                     parts[0].clone()
@@ -412,6 +430,8 @@ impl Family for Gemv {
             ((*r).clone(), replay)
         });
         let y = gpu.alloc(m * n * 4)?;
+        let side = side.map(|s| gpu.upload(&s)).transpose()?;
+        let side_bytes = side.as_ref().map_or(0, |_| (m * n * 4) as u64);
         let act = match binding.act {
             ActFormat::F32 => Act::f32(acts[0].ptr()),
             format => Act {
@@ -426,13 +446,14 @@ impl Family for Gemv {
             _acts: acts,
             act,
             y,
+            side,
             geo: geo.clone(),
             binding,
             m,
             n,
             k,
             reference,
-            bytes: weight_bytes + act_bytes + binding.out.bytes(m, n) as u64,
+            bytes: weight_bytes + act_bytes + side_bytes + binding.out.bytes(m, n) as u64,
             ops: 2 * (m * n * k) as u64 * nmat,
             op_kind: if algo == 0 {
                 OpKind::Flop

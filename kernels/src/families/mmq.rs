@@ -114,6 +114,7 @@ impl Family for Mmq {
             _acts: acts,
             act,
             y,
+            side: None,
             geo: geo.clone(),
             binding,
             m,

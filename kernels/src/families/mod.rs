@@ -402,6 +402,8 @@ pub(crate) struct MatmulWorkload {
     pub _acts: Vec<DeviceBuffer>,
     pub act: Act,
     pub y: DeviceBuffer,
+    /// The side operand of a gemv FUSE=2 binding (`[m][n]` f32).
+    pub side: Option<DeviceBuffer>,
     pub geo: LaunchGeometry,
     pub binding: MatmulBinding,
     pub m: usize,
@@ -428,8 +430,12 @@ impl MatmulWorkload {
                 d: c.get(1).map(|b| b.ptr()).unwrap_or(NULL),
             })
             .collect();
+        let side = self.side.as_ref().map(|b| crate::bind::matmul::Side {
+            ptr: b.ptr(),
+            stride: self.n,
+        });
         self.binding
-            .kargs(&w, &self.act, self.y.ptr(), self.m, self.n, self.k)
+            .kargs_with_side(&w, &self.act, self.y.ptr(), self.m, self.n, self.k, side)
             .map_err(GpuError::Rejected)
     }
 }

@@ -102,8 +102,9 @@ pub struct PleLayerPlan {
     pub ffn_residual: LaunchId,
     /// `inp_gate` projection of the residual stream.
     pub gate: MatmulPlan,
-    /// `gelu(gate) * ple[l]`, written in `proj`'s input format.
-    pub gelu: LaunchId,
+    /// `gelu(gate) * ple[l]`, written in `proj`'s input format; `None`
+    /// where the gate GEMV writes it itself (gemv FUSE=2, f32 rows).
+    pub gelu: Option<LaunchId>,
     pub proj: MatmulPlan,
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass};
+use gemtune_kernels::bind::matmul::{gemv_out, MatmulBinding, Prepass};
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::defines::DefineValue;
 use gemtune_kernels::families::scale_expand;
@@ -319,6 +319,40 @@ impl Builder<'_> {
         self.matmul_bound(Proj::GateUp, dim, r, false, bound)
     }
 
+    /// The PLE gate at `r` rows. In a decode bucket of a profile that fuses
+    /// the PLE GELU (`ple_gelu = "fused"`), where the projection after the
+    /// gate reads f32 rows and the gate's variant is a plain GEMV writing
+    /// f32 that also takes FUSE=2, the gate is bound to FUSE=2: it writes
+    /// gelu(gate) * per-layer input itself and no gelu_mul launch follows.
+    fn ple_gate(
+        &mut self,
+        dim: MatDim,
+        proj_input: ActFormat,
+        r: usize,
+    ) -> Result<MatmulPlan, PlanError> {
+        let slot = Slot::matmul(Proj::Ple, r);
+        let single =
+            !(self.planner.vendor(slot) || (self.planner.row_chunked(slot) && r > GEMV_BLOCK));
+        if self.prefill
+            || !self.planner.profile.fuse_ple_gelu
+            || !single
+            || proj_input != ActFormat::F32
+        {
+            return self.matmul(Proj::Ple, dim, r, true);
+        }
+        let p = Problem::matmul(r, dim.0, dim.1, dim.2);
+        let first = self.planner.resolve(slot, &p, &[])?;
+        let fuse2 = vec![("FUSE", DefineValue::Int(2))];
+        let mut d = first.defines.clone();
+        d.insert("FUSE".into(), DefineValue::Int(2));
+        let fusable = first.family.name() == "gemv"
+            && first.defines.get("FUSE") == Some(&DefineValue::Int(0))
+            && gemv_out(&first.defines) == Ok(ActFormat::F32)
+            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
+        let bound = if fusable { fuse2 } else { vec![] };
+        self.matmul_bound(Proj::Ple, dim, r, true, bound)
+    }
+
     /// Layer `l`'s attention call at `r` rows, its O written in `o_fmt`
     /// where the resolved variant can write it.
     fn attention(&mut self, l: usize, r: usize, o_fmt: ActFormat) -> Result<AttnPlan, PlanError> {
@@ -477,14 +511,18 @@ impl Builder<'_> {
                         sum_in(end_bound.clone(), is_moe),
                         GridRule::Rows,
                     )?;
-                    let gate = self.matmul(Proj::Ple, g, r, true)?;
                     let proj = self.matmul(Proj::Ple, p, r, false)?;
-                    let gelu = self.push(
-                        Slot::GeluMul,
-                        rows_problem(r, cfg.ple_dim),
-                        out_bound(proj.input),
-                        GridRule::Rows,
-                    )?;
+                    let gate = self.ple_gate(g, proj.input, r)?;
+                    let gelu = if gate.bindings().iter().any(|b| b.side) {
+                        None
+                    } else {
+                        Some(self.push(
+                            Slot::GeluMul,
+                            rows_problem(r, cfg.ple_dim),
+                            out_bound(proj.input),
+                            GridRule::Rows,
+                        )?)
+                    };
                     Some(PleLayerPlan {
                         ffn_residual,
                         gate,

@@ -91,6 +91,12 @@ fn stage(s: &str) -> Vec<(&'static str, DefineValue)> {
     vec![("STAGE", DefineValue::Str(s.into()))]
 }
 
+/// Whether a resolved `moe_gemv` DOWN reads h as the split records a
+/// GATE_UP with `H_RECORDS=1` writes (ALGO 3).
+fn down_reads_records(d: &gemtune_kernels::defines::Defines) -> bool {
+    matches!(d.get("ALGO"), Some(DefineValue::Int(3)))
+}
+
 impl Builder<'_> {
     /// The expert block of a MoE layer of shapes `m` at `r` rows.
     pub(super) fn moe(&mut self, m: &MoeDims, r: usize) -> Result<MoePlan, PlanError> {
@@ -131,18 +137,34 @@ impl Builder<'_> {
             None => {
                 let mut groups = Vec::new();
                 for n in group_sizes(r) {
-                    let gate_up = self.push(
-                        Slot::MoeGateUp,
-                        problem(n, m.gate_up.2),
-                        stage("GATE_UP"),
-                        GridRule::Fixed,
-                    )?;
+                    // DOWN first: where it reads h as split records
+                    // (ALGO 3), GATE_UP is bound to write them.
                     let down = self.push(
                         Slot::MoeDown,
                         problem(n, m.down.2),
                         stage("DOWN"),
                         GridRule::Fixed,
                     )?;
+                    let records = down_reads_records(&self.launches[down].res.defines);
+                    let mut bound = stage("GATE_UP");
+                    bound.push(("H_RECORDS", DefineValue::Int(i64::from(records))));
+                    let gate_up = self
+                        .push(
+                            Slot::MoeGateUp,
+                            problem(n, m.gate_up.2),
+                            bound,
+                            GridRule::Fixed,
+                        )
+                        .map_err(|e| {
+                            if records {
+                                PlanError::slot(
+                                    Slot::MoeGateUp,
+                                    format!("the down stage reads h as split records (moe_gemv ALGO=3), so gate_up must write them (H_RECORDS=1, WARPS * ROWS a multiple of 32): {e}"),
+                                )
+                            } else {
+                                e
+                            }
+                        })?;
                     for (id, lay) in [(gate_up, &mut gate_up_layout), (down, &mut down_layout)] {
                         let l = &self.launches[id];
                         let b = expert_binding(&l.res.defines)

@@ -619,3 +619,146 @@ fn lossless_profiles_refuse_lossy_conversions() {
         }
     }
 }
+
+/// The expert down stage reads h as split records (moe_gemv ALGO 3) only
+/// where the plan binds its gate|up to write them (H_RECORDS=1): main on
+/// every dp4a-able stack, neither under `moe-split` (both stages split
+/// per block) nor `strict` (FMA); a profile whose gate|up cannot write
+/// whole records under a records-reading down is refused with the reason.
+#[test]
+fn moe_down_reads_the_records_its_gate_up_writes() {
+    let define = |plan: &ForwardPlan, id: LaunchId, k: &str| -> i64 {
+        match plan.launches[id].res.defines.get(k) {
+            Some(DefineValue::Int(v)) => *v,
+            other => panic!("{k}: {other:?}"),
+        }
+    };
+    let cases = [
+        ("main", SynthVariant::B26A4b, WeightType::Q8_0, true),
+        ("main", SynthVariant::B26A4b, WeightType::Q4KM, true),
+        ("main", SynthVariant::TinyMoe, WeightType::Q4_0, true),
+        ("main", SynthVariant::TinyMoe, WeightType::F16, false),
+        (
+            "../variants/profiles/moe-split.toml",
+            SynthVariant::B26A4b,
+            WeightType::Q8_0,
+            false,
+        ),
+        ("strict", SynthVariant::TinyMoe, WeightType::Q8_0, false),
+    ];
+    for (profile, v, w, records) in cases {
+        let cfg = synth::preset(v);
+        let what = format!("{profile} {v:?} {w:?}");
+        let (plan, _) = synth_plan(profile, &cfg, w, &what);
+        let mut groups = 0;
+        for b in &plan.buckets {
+            for lp in &b.layers {
+                let Some(MoeExperts::Groups(gs)) = lp.moe.as_ref().map(|m| &m.experts) else {
+                    continue;
+                };
+                for g in gs {
+                    groups += 1;
+                    let at = format!("{what} bucket {} group {}", b.rows, g.rows);
+                    let algo = define(&plan, g.down, "ALGO");
+                    assert_eq!(algo == 3, records, "{at}: down ALGO {algo}");
+                    assert_eq!(define(&plan, g.gate_up, "H_RECORDS") == 1, records, "{at}");
+                }
+            }
+        }
+        assert!(groups > 0, "{what}: no expert GEMV groups");
+    }
+    let narrow = Profile::parse(
+        "narrow.toml",
+        "name = \"narrow\"\nbase = \"main\"\n\n[slot.\"moe_gemv@Q8_0\"]\nfamily = \"moe_gemv\"\ndefines = { ALGO = 2, LAYOUT = 1, ROWS = 2, WARPS = 8, UNROLL = 1, KSPLIT = 1, COUNT_BYTES = 0 }\n",
+    )
+    .expect("profile");
+    let cfg = synth::preset(SynthVariant::B26A4b);
+    let planner = Planner::new(narrow, None, DeviceLimits::for_arch(Arch(90)));
+    let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
+    let sizing = Sizing {
+        max_seq: 4096,
+        ubatch: 512,
+        kv_type: KvType::F16,
+    };
+    let e = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+        .err()
+        .expect("a gate|up of 16-row blocks cannot write whole records");
+    assert!(e.to_string().contains("gate_up must write them"), "{e}");
+}
+
+/// `ple_gelu = "fused"` (main): every decode bucket's PLE gate whose
+/// projection reads f32 rows (Q8_0: FMA) is a GEMV bound to FUSE=2
+/// (gelu(gate) times the per-layer input, its side operand) and no
+/// gelu_mul launch follows it; where the projection reads Q8_1 (Q4_0's
+/// dp4a) gelu_mul writes that, and prefill buckets and `ple-separate` keep
+/// the gate plain and the gelu_mul launch. The profile key is inherited
+/// (`strict` fuses too: the same f32 arithmetic), read and checked.
+#[test]
+fn the_ple_gate_multiplies_its_own_gelu_in_decode() {
+    let fuse_of = |plan: &ForwardPlan, m: &MatmulPlan| -> i64 {
+        let MatmulExec::Kernel { launch, .. } = &m.exec else {
+            return -1;
+        };
+        match plan.launches[*launch].res.defines.get("FUSE") {
+            Some(DefineValue::Int(f)) => *f,
+            _ => -1,
+        }
+    };
+    for v in [SynthVariant::E2b, SynthVariant::E4b] {
+        for (profile, w, fused) in [
+            ("main", WeightType::Q8_0, true),
+            ("main", WeightType::Q4_0, false),
+            (
+                "../variants/profiles/ple-separate.toml",
+                WeightType::Q8_0,
+                false,
+            ),
+            // strict inherits the key: the same f32 arithmetic either way.
+            ("strict", WeightType::Q8_0, true),
+        ] {
+            let cfg = synth::preset(v);
+            let what = format!("{v:?} {w:?} {profile}");
+            let (plan, _) = synth_plan(profile, &cfg, w, &what);
+            let (mut decode, mut prefill) = (0, 0);
+            for b in &plan.buckets {
+                for (l, lp) in b.layers.iter().enumerate() {
+                    let Some(p) = &lp.ple else { continue };
+                    let at = format!("{what} bucket {} layer {l}", b.rows);
+                    let side = p.gate.bindings().iter().any(|b| b.side);
+                    if b.rows > GEMV_MAX_ROWS || !fused {
+                        prefill += usize::from(b.rows > GEMV_MAX_ROWS);
+                        if w == WeightType::Q4_0 && b.rows <= GEMV_MAX_ROWS {
+                            assert_eq!(p.proj.input, ActFormat::Q8_1, "{at}");
+                        }
+                        assert!(!side, "{at}");
+                        assert!(p.gelu.is_some(), "{at}: gelu_mul launch");
+                        continue;
+                    }
+                    decode += 1;
+                    assert!(side, "{at}");
+                    assert_eq!(fuse_of(&plan, &p.gate), 2, "{at}");
+                    assert!(p.gelu.is_none(), "{at}: no gelu_mul launch");
+                    assert_eq!(p.gate.output(), ActFormat::F32, "{at}");
+                    assert_eq!(p.proj.input, ActFormat::F32, "{at}");
+                }
+            }
+            assert!(decode > 0 || !fused, "{what}: no fused decode layer");
+            assert!(prefill > 0, "{what}: no prefill layer");
+        }
+    }
+    assert!(Profile::load("main").expect("main").fuse_ple_gelu);
+    assert!(
+        !Profile::load("../variants/profiles/ple-separate.toml")
+            .expect("ple-separate")
+            .fuse_ple_gelu
+    );
+    let bad = Profile::parse(
+        "bad.toml",
+        "name = \"bad\"\nbase = \"main\"\nple_gelu = \"sometimes\"\n",
+    )
+    .expect_err("an unknown ple_gelu");
+    assert!(
+        bad.to_string().contains("write \"fused\" or \"separate\""),
+        "{bad}"
+    );
+}

@@ -130,6 +130,7 @@ fn layout_binding(layout: WeightLayout) -> MatmulBinding {
         prepass: Prepass::None,
         zero_output: false,
         matrices: 1,
+        side: false,
         out: ActFormat::F32,
     }
 }

@@ -15,7 +15,11 @@
 //! way) are the approx contract: besides the f64 reference, the check
 //! replays the stage in f64 on the activations' quantized values
 //! (`q8_1_replay`, `split_q8_replay`: the rules the kernel applies), which
-//! the kernel must match tightly.
+//! the kernel must match tightly. `H_RECORDS=1` has GATE_UP write h as
+//! those split records (`families::q8_split_records`' format), and DOWN's
+//! `ALGO=3` reads them: its check uploads the records of the random h, and
+//! GATE_UP's check reads the records back as their values, against the
+//! reference and the replay split by the same rule.
 //!
 //! The parts: `reference` (the check's routing, inputs, reference and
 //! replays), `workload` (a stage launched and judged); this file holds the
@@ -64,6 +68,12 @@ impl Stage {
     }
 }
 
+/// Whether GATE_UP writes h as split Q8 records (`H_RECORDS=1`; absent in
+/// tables written before the define: f32).
+pub fn h_records(d: &Defines) -> bool {
+    matches!(d.get("H_RECORDS"), Some(DefineValue::Int(1)))
+}
+
 /// The expert tensor's weight type and layout checks (the dense GEMV's
 /// rules on a matrix of `E * rows` rows of `k`).
 fn check_weights(d: &Defines, p: &MoeProblem, stage: Stage) -> Result<WType, String> {
@@ -97,7 +107,7 @@ fn check_weights(d: &Defines, p: &MoeProblem, stage: Stage) -> Result<WType, Str
 /// The dynamic shared memory of ALGO `algo`: the quantized activations a
 /// block makes (GATE_UP: x of every token; DOWN: h of every (token, slot)
 /// pair), ALGO 1 one byte per value and an 8-byte (d, sum) pair per 32,
-/// ALGO 2 an 80-byte split record per 32; ALGO 0 none.
+/// ALGO 2 an 80-byte split record per 32; ALGO 0 and 3 none.
 pub fn q8_smem_bytes(p: &MoeProblem, stage: Stage, algo: i64) -> usize {
     let n = match stage {
         Stage::GateUp => p.tokens * p.d_model,
@@ -112,7 +122,8 @@ pub fn q8_smem_bytes(p: &MoeProblem, stage: Stage, algo: i64) -> usize {
 
 /// An upper bound of the kernel's static shared memory: the grouping
 /// (`Groups<NT>` and its two scratch arrays over NT * MAX_USED pairs) and
-/// DOWN's split-K slices.
+/// DOWN's split-K slices (or, as large, GATE_UP's values of h before they
+/// leave as records).
 fn static_smem_bound(tokens: usize, warps: usize, rows: usize) -> usize {
     let np = tokens * MAX_USED;
     4 + np * (4 + 4 + 2 * tokens + tokens) + np * (4 + 2) + warps * rows * tokens * 4 + 64
@@ -154,13 +165,15 @@ impl Family for MoeGemv {
             ("COUNT_BYTES", 0),
             ("ALGO", 0),
         ]);
+        d.insert("H_RECORDS".into(), DefineValue::Int(0));
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
         match d.get("ALGO") {
-            Some(DefineValue::Int(1 | 2)) => Contract::Approx,
+            Some(DefineValue::Int(1..=3)) => Contract::Approx,
+            _ if h_records(d) => Contract::Approx,
             _ => Contract::Fp,
         }
     }
@@ -172,14 +185,16 @@ impl Family for MoeGemv {
             (Ok(m), Ok(Stage::Down)) => m.ffn * m.used,
             _ => 32,
         };
-        let fp = fp_rms_bound(k);
+        // h written as split records adds their rounding, as the dense
+        // GEMV's OUT=Q8_SPLIT does.
+        let fp = fp_rms_bound(k) + if h_records(d) { 5e-5 } else { 0.0 };
         // As the dense dp4a GEMV's: GATE_UP's gelu(g) * u is its fused form.
         let gelu = matches!(stage, Ok(Stage::GateUp));
         match (self.contract(d), d.get("ALGO")) {
-            (Contract::Approx, Some(DefineValue::Int(2))) => {
-                dp4a_tolerance(ActNoise::Split, gelu, fp)
+            (Contract::Approx, Some(DefineValue::Int(1))) => {
+                dp4a_tolerance(ActNoise::Q8_1, gelu, fp)
             }
-            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Q8_1, gelu, fp),
+            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Split, gelu, fp),
             _ => Tolerance::fp(fp),
         }
     }
@@ -224,12 +239,38 @@ impl Family for MoeGemv {
             ));
         }
         int_in(d, "COUNT_BYTES", &[0, 1])?;
-        let algo = int_in(d, "ALGO", &[0, 1, 2])?;
+        let algo = int_in(d, "ALGO", &[0, 1, 2, 3])?;
         let layout = int_in(d, "LAYOUT", &[0, 1])?;
         if algo != 0 && (wt.is_16bit() || (wt == WType::Q6K && layout == 0)) {
             return Err(format!(
                 "ALGO={algo} (dp4a) reads Q8_0 / Q4_0 weights or k-quant planes, not {} on LAYOUT={layout}",
                 wt.define()
+            ));
+        }
+        if algo == 3 && (stage != Stage::Down || layout != 1) {
+            return Err(format!(
+                "ALGO=3 reads the split records of h that GATE_UP writes (H_RECORDS=1): STAGE=DOWN on planes (LAYOUT=1), not {stage:?} on LAYOUT={layout}"
+            ));
+        }
+        let records = int_in(d, "H_RECORDS", &[0, 1])? == 1;
+        if records {
+            if stage != Stage::GateUp {
+                return Err(
+                    "H_RECORDS=1 is GATE_UP's output format (DOWN reads the records with ALGO=3)"
+                        .into(),
+                );
+            }
+            if (warps * rows) % 32 != 0 {
+                return Err(format!(
+                    "H_RECORDS=1 writes whole 32-row records per block: WARPS * ROWS = {} is not a multiple of 32",
+                    warps * rows
+                ));
+            }
+        }
+        if (records || algo == 3) && mp.ffn % 32 != 0 {
+            return Err(format!(
+                "ffn={} is not a multiple of 32: split records hold 32 values of h each",
+                mp.ffn
             ));
         }
         if !(1..=8).contains(&mp.tokens) {
@@ -315,7 +356,16 @@ impl Family for MoeGemv {
                 }
             })
             .collect();
-        let act = gpu.upload(&inp.act)?;
+        let algo = int_in(d, "ALGO", &[0, 1, 2, 3]).map_err(GpuError::Rejected)?;
+        let records = h_records(d);
+        // ALGO 3 reads h as the split records GATE_UP would have written
+        // from these values; everything else reads the f32 activations.
+        let (act, act_bytes) = if algo == 3 {
+            let rec = super::q8_split_records(&inp.act);
+            (gpu.upload(&rec)?, rec.len())
+        } else {
+            (gpu.upload(&inp.act)?, inp.act.len() * 4)
+        };
         let ids = gpu.upload(&inp.ids)?;
         let weights = gpu.upload(&inp.weights)?;
         let out_len = match stage {
@@ -325,22 +375,34 @@ impl Family for MoeGemv {
         let out = gpu.alloc(out_len * 4)?;
         let count = gpu.alloc(mp.experts * 8)?;
         let active: u64 = expected.iter().sum();
-        let out_bytes = (out_len * 4) as u64;
-        let bytes = active + (inp.act.len() * 4) as u64 + out_bytes;
+        let out_bytes = if records {
+            (out_len / 32 * crate::bind::Q8_SPLIT_RECORD) as u64
+        } else {
+            (out_len * 4) as u64
+        };
+        let bytes = active + act_bytes as u64 + out_bytes;
         let ops = 2 * (mp.tokens * mp.used * rows * k) as u64;
         let key = format!("moe_gemv ref {mp:?} {stage:?} {seed}");
         let inp2 = inp.clone();
-        let algo = int_in(d, "ALGO", &[0, 1, 2]).map_err(GpuError::Rejected)?;
         let reference: super::RefFn = Box::new(move || {
             let r = memo::get(key.clone(), || reference(&mp, stage, &inp2));
             let replay = match algo {
                 1 => Some(memo::get(format!("{key} replay q8_1"), || {
                     replay_q8_1(&mp, stage, &inp2)
                 })),
-                2 => Some(memo::get(format!("{key} replay split"), || {
+                2 | 3 => Some(memo::get(format!("{key} replay split"), || {
                     replay_split(&mp, stage, &inp2)
                 })),
                 _ => None,
+            };
+            // Records of h: the replay's values (the reference's, on the
+            // exact path) split by the kernel's rule.
+            let replay = if records {
+                let base = replay.as_deref().map_or(&r[..], |v| &v[..]);
+                let as_f32: Vec<f32> = base.iter().map(|&v| v as f32).collect();
+                Some(std::sync::Arc::new(super::split_q8_replay(&as_f32)))
+            } else {
+                replay
             };
             ((*r).clone(), replay.map(|rp| (*rp).clone()))
         });
@@ -354,6 +416,7 @@ impl Family for MoeGemv {
             count_bytes,
             expected,
             stage,
+            h_records: records,
             p: mp,
             geo: geo.clone(),
             reference,

@@ -200,6 +200,84 @@ fn dp4a_points_size_their_shared_memory_and_refuse_what_they_cannot_read() {
     );
 }
 
+/// H_RECORDS=1 (GATE_UP writes h as split records) needs blocks of whole
+/// 32-row records and an ffn of whole records; DOWN's ALGO 3 reads them
+/// from global memory (no dynamic shared memory), on planes only. Both
+/// are the approx contract at the split's bound, GATE_UP's widened by the
+/// records' own rounding.
+#[test]
+fn records_points_need_whole_records_and_planes() {
+    let f = MoeGemv;
+    let lim = DeviceLimits::for_arch(Arch(90));
+    let p = prob(8, 128, 8, 2816, 704, GgmlType::Q8_0);
+    let base = f.default_defines(GgmlType::Q8_0);
+    assert!(!h_records(&base));
+    let gu = with(
+        &base,
+        &[
+            ("ALGO", 2i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("H_RECORDS", 1i64.into()),
+        ],
+    );
+    assert!(h_records(&gu));
+    assert_eq!(f.contract(&gu), Contract::Approx);
+    let g = f.validate(&gu, &p, &lim).expect("gate_up writing records");
+    assert_eq!(g.grid, (22, 64, 1));
+    let plain = with(&gu, &[("H_RECORDS", 0i64.into())]);
+    assert!(
+        f.default_tolerance(&gu, &p).replay_rms_rel
+            > f.default_tolerance(&plain, &p).replay_rms_rel
+    );
+    // The FMA form writing records is approx too (the records' rounding).
+    let fma = with(&gu, &[("ALGO", 0i64.into())]);
+    assert_eq!(f.contract(&fma), Contract::Approx);
+    let bad = |d: &Defines, p: &Problem, want: &str| {
+        let e = f.validate(d, p, &lim).expect_err(want);
+        assert!(e.contains(want), "{e}");
+    };
+    bad(
+        &with(&gu, &[("ROWS", 2i64.into())]),
+        &p,
+        "not a multiple of 32",
+    );
+    bad(
+        &gu,
+        &prob(3, 6, 3, 256, 40, GgmlType::Q8_0),
+        "ffn=40 is not a multiple of 32",
+    );
+    let down = with(
+        &base,
+        &[
+            ("STAGE", "DOWN".into()),
+            ("ALGO", 3i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("KSPLIT", 4i64.into()),
+        ],
+    );
+    assert_eq!(f.contract(&down), Contract::Approx);
+    let g = f.validate(&down, &p, &lim).expect("down on records");
+    assert_eq!(g.dyn_smem, 0);
+    assert_eq!(g.grid, (352, 1, 1));
+    assert_eq!(f.default_tolerance(&down, &p).rms_rel, 1e-4);
+    bad(
+        &with(&down, &[("H_RECORDS", 1i64.into())]),
+        &p,
+        "H_RECORDS=1 is GATE_UP's",
+    );
+    bad(&with(&down, &[("LAYOUT", 0i64.into())]), &p, "LAYOUT=1");
+    bad(
+        &with(
+            &f.default_defines(GgmlType::F16),
+            &[("STAGE", "DOWN".into()), ("ALGO", 3i64.into())],
+        ),
+        &prob(3, 6, 3, 264, 64, GgmlType::F16),
+        "not F16",
+    );
+}
+
 /// ALGO 1's replay is each pair's dense Q8_1 replay
 /// (`matmul_q8_replay`, the dense dp4a GEMV's) on the chosen expert's
 /// rows: GATE_UP through gelu(g) * u, DOWN weighted and summed.

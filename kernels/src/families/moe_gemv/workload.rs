@@ -22,6 +22,8 @@ pub(super) struct MoeGemvWorkload {
     /// Bytes each expert's rows hold (0 for the unchosen).
     pub(super) expected: Vec<u64>,
     pub(super) stage: Stage,
+    /// GATE_UP writes h as split records (H_RECORDS=1).
+    pub(super) h_records: bool,
     pub(super) p: MoeProblem,
     pub(super) geo: LaunchGeometry,
     pub(super) reference: crate::families::RefFn,
@@ -97,7 +99,19 @@ impl Workload for MoeGemvWorkload {
         contract: Contract,
         tol: &Tolerance,
     ) -> Result<CheckReport, GpuError> {
-        let out: Vec<f32> = gpu.download(&self.out)?;
+        let out: Vec<f32> = if self.h_records {
+            // The records read back as their values (a poisoned, unwritten
+            // record reads as NaN).
+            let n = self.p.tokens * self.p.used * self.p.ffn;
+            let bytes: Vec<u8> = gpu.download(&self.out)?;
+            let used = n / 32 * crate::bind::Q8_SPLIT_RECORD;
+            crate::families::q8_split_values(&bytes[..used.min(bytes.len())], n)
+                .into_iter()
+                .map(|v| v as f32)
+                .collect()
+        } else {
+            gpu.download(&self.out)?
+        };
         let (reference, replay) = (self.reference)();
         let mut rep = compare(&out, &reference, replay.as_deref(), contract, tol);
         if self.count_bytes {
