@@ -8,7 +8,8 @@
 
 use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
-    q8_split_records, seeded_inputs, split_q8_replay, MatmulWorkload, QWeights,
+    q8_split_records, seeded_inputs, split_output_replay, split_q8_replay, MatmulWorkload,
+    QWeights,
 };
 use crate::bind::matmul::{gemv_out, MatmulBinding};
 use crate::bind::{Act, ActFormat};
@@ -53,6 +54,13 @@ pub(crate) fn dp4a_tolerance(noise: ActNoise, gelu: bool, fp: f64) -> Tolerance 
         replay_rms_rel: fp,
     }
 }
+
+/// What writing outputs as split records (gemv OUT=Q8_SPLIT, moe_gemv
+/// H_RECORDS=1) adds to the replay bound: the split rounds each value to
+/// about amax / 2^15 of its 32-value group; the replay splits its own
+/// outputs by the same rule, but an output a few ulps from a rounding
+/// boundary may round the other way there.
+pub(crate) const SPLIT_OUT_RMS: f64 = 5e-5;
 
 /// Tolerance of an f32-accumulated dot product of length k: a few times the
 /// random-walk growth of f32 rounding (sqrt(k) * 2^-24), plus a floor.
@@ -153,11 +161,7 @@ impl Family for Gemv {
     }
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
         let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
-        // The output's split (OUT=Q8_SPLIT) rounds each value to about
-        // amax / 2^15 of its 32-row group; the replay splits its own
-        // outputs by the same rule, but an output a few ulps from a
-        // rounding boundary may round the other way there.
-        let fp = fp_rms_bound(k) + if split_out(d) { 5e-5 } else { 0.0 };
+        let fp = fp_rms_bound(k) + if split_out(d) { SPLIT_OUT_RMS } else { 0.0 };
         // FUSE=1 and 2 end in gelu_tanh, which amplifies the activations'
         // noise where its slope exceeds one.
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1 | 2)));
@@ -421,8 +425,7 @@ impl Family for Gemv {
             .map(|rp| {
                 if out_split {
                     // The kernel splits its f32 outputs into records.
-                    let y32: Vec<f32> = rp.iter().map(|&v| v as f32).collect();
-                    split_q8_replay(&y32)
+                    split_output_replay(&rp)
                 } else {
                     (*rp).clone()
                 }

@@ -338,6 +338,30 @@ pub(crate) fn split_q8_replay(x: &[f32]) -> Vec<f64> {
     q8_split_values(&q8_split_records(x), x.len())
 }
 
+/// A replay of outputs a kernel writes as split records (gemv OUT=Q8_SPLIT,
+/// moe_gemv H_RECORDS=1): the f64 values rounded to the f32 the kernel
+/// splits, then split by the same rule.
+pub(crate) fn split_output_replay(values: &[f64]) -> Vec<f64> {
+    let y32: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+    split_q8_replay(&y32)
+}
+
+/// The first `n` values of the split records in `buf`, as f32 (a
+/// poisoned, unwritten record reads as NaN): how a check reads back the
+/// outputs a kernel wrote as records.
+pub(crate) fn download_split_values(
+    gpu: &Gpu,
+    buf: &DeviceBuffer,
+    n: usize,
+) -> Result<Vec<f32>, GpuError> {
+    let bytes: Vec<u8> = gpu.download(buf)?;
+    let used = ActFormat::Q8Split.bytes(1, n);
+    Ok(q8_split_values(&bytes[..used.min(bytes.len())], n)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect())
+}
+
 /// out[m][n] = sum_k x[m][k] * w[n][k] with f64 activations, in f64.
 pub(crate) fn matmul_f64_x(w: &[f32], x: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
     use rayon::prelude::*;
@@ -473,16 +497,7 @@ impl Workload for MatmulWorkload {
     ) -> Result<CheckReport, GpuError> {
         let (reference, replay) = (self.reference)();
         let out: Vec<f32> = match self.binding.out {
-            // The records the kernel wrote, read back as their values
-            // (a poisoned, unwritten record reads as NaN).
-            ActFormat::Q8Split => {
-                let bytes: Vec<u8> = gpu.download(&self.y)?;
-                let used = ActFormat::Q8Split.bytes(self.m, self.n);
-                q8_split_values(&bytes[..used.min(bytes.len())], self.m * self.n)
-                    .into_iter()
-                    .map(|v| v as f32)
-                    .collect()
-            }
+            ActFormat::Q8Split => download_split_values(gpu, &self.y, self.m * self.n)?,
             _ => gpu.download(&self.y)?,
         };
         Ok(compare(

@@ -20,7 +20,7 @@ use super::launch::{Entry, GridRule, LaunchId, PlannedLaunch};
 use super::problems::{attn_problem, norm_bound, out_bound, rows_problem, Sizing};
 use crate::config::Gemma4Config;
 use crate::cuda::model_dims::{MatDim, ModelDims};
-use crate::cuda::planner::{PlanError, Planner, GEMV_BLOCK};
+use crate::cuda::planner::{PlanError, Planner, Resolution, GEMV_BLOCK};
 use crate::cuda::slots::{Proj, Slot, GEMV_MAX_ROWS};
 use crate::cuda::weights::PLANES_F32;
 
@@ -292,31 +292,38 @@ impl Builder<'_> {
     /// no producer pass stands between the two GEMVs.
     fn gate_up(&mut self, dim: MatDim, down: MatDim, r: usize) -> Result<MatmulPlan, PlanError> {
         let slot = Slot::matmul(Proj::GateUp, r);
-        let row_blocks = self.planner.row_chunked(slot) && r > GEMV_BLOCK;
-        let single = !(self.planner.vendor(slot) || row_blocks);
         let mut bound = vec![];
-        if single && self.input_format(Proj::Down, down, r)? == ActFormat::Q8Split {
+        if self.single_launch(slot, r)
+            && self.input_format(Proj::Down, down, r)? == ActFormat::Q8Split
+        {
             let p = Problem::matmul(r, dim.0, dim.1, dim.2);
             let first = self.planner.resolve(slot, &p, &[])?;
             let fused = first.defines.get("FUSE") == Some(&DefineValue::Int(1));
-            let mut d = first.defines.clone();
-            d.insert(
-                "OUT".into(),
-                DefineValue::Str(ActFormat::Q8Split.define().into()),
-            );
             // The fused kernel's outputs: one per row pair (gate, up).
             let outputs = Problem::matmul(r, dim.0 / 2, dim.1, dim.2);
-            if fused
-                && first.family.declared_defines().iter().any(|x| x == "OUT")
-                && first
-                    .family
-                    .validate(&d, &outputs, &self.planner.limits)
-                    .is_ok()
-            {
+            let records = DefineValue::Str(ActFormat::Q8Split.define().into());
+            if fused && self.takes(&first, "OUT", records, &outputs) {
                 bound = out_bound(ActFormat::Q8Split);
             }
         }
         self.matmul_bound(Proj::GateUp, dim, r, false, bound)
+    }
+
+    /// Whether projection slot `slot` runs as one kernel launch at `r` rows
+    /// (not cuBLAS, not per row block): only then can a call site bind a
+    /// define on it.
+    fn single_launch(&self, slot: Slot, r: usize) -> bool {
+        !(self.planner.vendor(slot) || (self.planner.row_chunked(slot) && r > GEMV_BLOCK))
+    }
+
+    /// Whether the variant `res` declares `name` and validates at `p` with
+    /// `name = value` laid over its defines: what a call site checks before
+    /// it binds a define the slot's entry does not state.
+    fn takes(&self, res: &Resolution, name: &str, value: DefineValue, p: &Problem) -> bool {
+        let mut d = res.defines.clone();
+        d.insert(name.into(), value);
+        res.family.declared_defines().iter().any(|x| x == name)
+            && res.family.validate(&d, p, &self.planner.limits).is_ok()
     }
 
     /// The PLE gate at `r` rows. In a decode bucket of a profile that fuses
@@ -331,25 +338,24 @@ impl Builder<'_> {
         r: usize,
     ) -> Result<MatmulPlan, PlanError> {
         let slot = Slot::matmul(Proj::Ple, r);
-        let single =
-            !(self.planner.vendor(slot) || (self.planner.row_chunked(slot) && r > GEMV_BLOCK));
         if self.prefill
             || !self.planner.profile.fuse_ple_gelu
-            || !single
+            || !self.single_launch(slot, r)
             || proj_input != ActFormat::F32
         {
             return self.matmul(Proj::Ple, dim, r, true);
         }
         let p = Problem::matmul(r, dim.0, dim.1, dim.2);
         let first = self.planner.resolve(slot, &p, &[])?;
-        let fuse2 = vec![("FUSE", DefineValue::Int(2))];
-        let mut d = first.defines.clone();
-        d.insert("FUSE".into(), DefineValue::Int(2));
         let fusable = first.family.name() == "gemv"
             && first.defines.get("FUSE") == Some(&DefineValue::Int(0))
             && gemv_out(&first.defines) == Ok(ActFormat::F32)
-            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
-        let bound = if fusable { fuse2 } else { vec![] };
+            && self.takes(&first, "FUSE", DefineValue::Int(2), &p);
+        let bound = if fusable {
+            vec![("FUSE", DefineValue::Int(2))]
+        } else {
+            vec![]
+        };
         self.matmul_bound(Proj::Ple, dim, r, true, bound)
     }
 
@@ -362,11 +368,8 @@ impl Builder<'_> {
         let p = Problem::Attention(a);
         let first = self.planner.resolve(slot, &p, &[])?;
         let q16 = first.defines.get("Q16") == Some(&DefineValue::Int(1));
-        let mut d = first.defines.clone();
-        d.insert("OUT".into(), DefineValue::Str(o_fmt.define().into()));
         let writes = o_fmt != ActFormat::F32
-            && first.family.declared_defines().iter().any(|x| x == "OUT")
-            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
+            && self.takes(&first, "OUT", DefineValue::Str(o_fmt.define().into()), &p);
         let out = if writes { o_fmt } else { ActFormat::F32 };
         let capacity = self.sizing.capacity(self.cfg, l);
         let launch = self.push(slot, p, out_bound(out), GridRule::AttnRows { capacity })?;

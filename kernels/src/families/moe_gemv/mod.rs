@@ -25,9 +25,10 @@
 //! replays), `workload` (a stage launched and judged); this file holds the
 //! family: stages, validation, launch geometry, tolerances.
 
-use super::gemv::{dp4a_tolerance, fp_rms_bound, ActNoise};
+use super::gemv::{dp4a_tolerance, fp_rms_bound, ActNoise, SPLIT_OUT_RMS};
 use super::memo;
 use crate::bind::moe::expert_binding;
+use crate::bind::ActFormat;
 use crate::defines::{defines, get_str, int_in, DefineValue, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
 use crate::gpu::{Gpu, GpuError};
@@ -187,7 +188,7 @@ impl Family for MoeGemv {
         };
         // h written as split records adds their rounding, as the dense
         // GEMV's OUT=Q8_SPLIT does.
-        let fp = fp_rms_bound(k) + if h_records(d) { 5e-5 } else { 0.0 };
+        let fp = fp_rms_bound(k) + if h_records(d) { SPLIT_OUT_RMS } else { 0.0 };
         // As the dense dp4a GEMV's: GATE_UP's gelu(g) * u is its fused form.
         let gelu = matches!(stage, Ok(Stage::GateUp));
         match (self.contract(d), d.get("ALGO")) {
@@ -375,11 +376,12 @@ impl Family for MoeGemv {
         let out = gpu.alloc(out_len * 4)?;
         let count = gpu.alloc(mp.experts * 8)?;
         let active: u64 = expected.iter().sum();
-        let out_bytes = if records {
-            (out_len / 32 * crate::bind::Q8_SPLIT_RECORD) as u64
+        let h_format = if records {
+            ActFormat::Q8Split
         } else {
-            (out_len * 4) as u64
+            ActFormat::F32
         };
+        let out_bytes = h_format.bytes(1, out_len) as u64;
         let bytes = active + act_bytes as u64 + out_bytes;
         let ops = 2 * (mp.tokens * mp.used * rows * k) as u64;
         let key = format!("moe_gemv ref {mp:?} {stage:?} {seed}");
@@ -397,14 +399,11 @@ impl Family for MoeGemv {
             };
             // Records of h: the replay's values (the reference's, on the
             // exact path) split by the kernel's rule.
-            let replay = if records {
-                let base = replay.as_deref().map_or(&r[..], |v| &v[..]);
-                let as_f32: Vec<f32> = base.iter().map(|&v| v as f32).collect();
-                Some(std::sync::Arc::new(super::split_q8_replay(&as_f32)))
-            } else {
-                replay
+            let replay = match (records, replay) {
+                (true, rp) => Some(super::split_output_replay(rp.as_deref().unwrap_or(&r))),
+                (false, rp) => rp.map(|rp| (*rp).clone()),
             };
-            ((*r).clone(), replay.map(|rp| (*rp).clone()))
+            ((*r).clone(), replay)
         });
         Ok(Box::new(MoeGemvWorkload {
             weights: WeightSet::new(planes),

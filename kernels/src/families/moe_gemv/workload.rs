@@ -100,15 +100,8 @@ impl Workload for MoeGemvWorkload {
         tol: &Tolerance,
     ) -> Result<CheckReport, GpuError> {
         let out: Vec<f32> = if self.h_records {
-            // The records read back as their values (a poisoned, unwritten
-            // record reads as NaN).
             let n = self.p.tokens * self.p.used * self.p.ffn;
-            let bytes: Vec<u8> = gpu.download(&self.out)?;
-            let used = n / 32 * crate::bind::Q8_SPLIT_RECORD;
-            crate::families::q8_split_values(&bytes[..used.min(bytes.len())], n)
-                .into_iter()
-                .map(|v| v as f32)
-                .collect()
+            crate::families::download_split_values(gpu, &self.out, n)?
         } else {
             gpu.download(&self.out)?
         };
