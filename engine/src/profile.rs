@@ -95,6 +95,15 @@ pub struct ProfileFile {
     /// Inherited from the base unless set.
     #[serde(default)]
     pub ple_gelu: Option<String>,
+    /// How a dense decode step runs the sandwich norms after the output,
+    /// down and PLE projections: `"fused"` (in the tail of the projection's
+    /// GEMV, gemv TAIL=1, where its variant takes it: the residual add and
+    /// the next projection's input norm by the grid's last block, no norm
+    /// launch) or `"separate"` (an `rmsnorm` launch after the projection).
+    /// The same formulas; the sums of squares are added in another order.
+    /// Inherited from the base unless set.
+    #[serde(default)]
+    pub norm_tail: Option<String>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -192,6 +201,9 @@ pub struct Profile {
     /// The PLE gate GEMV writes `gelu(gate) * per-layer input` itself in
     /// decode (`ProfileFile::ple_gelu = "fused"`).
     pub fuse_ple_gelu: bool,
+    /// Decode projections run the norm after them in their GEMV's tail
+    /// (`ProfileFile::norm_tail = "fused"`).
+    pub fuse_norm_tail: bool,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -381,9 +393,41 @@ fn check_choice(
     Ok(())
 }
 
+/// A `"fused" | "separate"` key: sets `fused` when the key is given
+/// (otherwise the base's value stands), refuses any other value.
+fn fused_or_separate(
+    loc: &Locator,
+    key: &str,
+    value: Option<&str>,
+    fused: &mut bool,
+) -> Result<(), ProfileError> {
+    match value {
+        None => {}
+        Some("fused") => *fused = true,
+        Some("separate") => *fused = false,
+        Some(other) => {
+            return Err(ProfileError::Parse {
+                at: loc.key(&[key]),
+                msg: format!("{key} = \"{other}\": write \"fused\" or \"separate\""),
+            })
+        }
+    }
+    Ok(())
+}
+
 /// Defines the engine sets per call site; a profile must not. (`H_RECORDS`:
-/// the MoE gate|up writes h in the format its down stage reads.)
-pub const BOUND_DEFINES: &[&str] = &["WTYPE", "KV_TYPE", "HEAD_DIM", "OUT", "H_RECORDS"];
+/// the MoE gate|up writes h in the format its down stage reads;
+/// `TAIL`, `TAIL_OUT`: a decode GEMV runs the norm after it where the
+/// profile's `norm_tail` says so, in the format the next projection reads.)
+pub const BOUND_DEFINES: &[&str] = &[
+    "WTYPE",
+    "KV_TYPE",
+    "HEAD_DIM",
+    "OUT",
+    "H_RECORDS",
+    "TAIL",
+    "TAIL_OUT",
+];
 
 /// The committed profiles, embedded so the binary works anywhere.
 pub const BUILTIN: &[(&str, &str)] = &[
@@ -413,6 +457,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../variants/profiles/mma-sync.toml"),
     ),
     ("dp4a", include_str!("../../variants/profiles/dp4a.toml")),
+    (
+        "norm-tail",
+        include_str!("../../variants/profiles/norm-tail.toml"),
+    ),
     ("mmq", include_str!("../../variants/profiles/mmq.toml")),
     (
         "resident-scales",
@@ -530,6 +578,7 @@ impl Profile {
                 expand_gemm_scales: false,
                 decode_launch: DecodeLaunch::Plain,
                 fuse_ple_gelu: false,
+                fuse_norm_tail: false,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -574,17 +623,18 @@ impl Profile {
                 ),
             })?;
         }
-        match f.ple_gelu.as_deref() {
-            None => {}
-            Some("fused") => p.fuse_ple_gelu = true,
-            Some("separate") => p.fuse_ple_gelu = false,
-            Some(other) => {
-                return Err(ProfileError::Parse {
-                    at: loc.key(&["ple_gelu"]),
-                    msg: format!("ple_gelu = \"{other}\": write \"fused\" or \"separate\""),
-                })
-            }
-        }
+        fused_or_separate(
+            &loc,
+            "ple_gelu",
+            f.ple_gelu.as_deref(),
+            &mut p.fuse_ple_gelu,
+        )?;
+        fused_or_separate(
+            &loc,
+            "norm_tail",
+            f.norm_tail.as_deref(),
+            &mut p.fuse_norm_tail,
+        )?;
         if p.lossless && p.head_convert.is_some() {
             return Err(ProfileError::Parse {
                 at: loc.key(&["head_convert"]),

@@ -80,6 +80,18 @@
 // gate|up and down). n must be a multiple of 32 and a block's rows,
 // (WARPS / KSPLIT) * ROWS, a multiple of 32: the block owns whole records.
 //
+// Tail, per TAIL (OUT=F32, FUSE=0 only): 1 runs the layer's sandwich-norm
+// step over y in the grid's last block (sandwich_tail.cuh): the residual
+// h_out = (h_in + rmsnorm(y) * w_add) * s (s = *scale, NULL: 1) and, unless
+// TAIL_OUT is NONE, the next projection's input rmsnorm(h_out) * w_out in
+// format TAIL_OUT (tout, tout_ds). `scratch`: its first u32 is 0 at the
+// launch and is left 0, and from float TAIL_PARTIALS on each block writes
+// its outputs' sum of squares per token ([grid][NT] floats). The blocks
+// count themselves in on the u32; the last one sums the partials in block
+// order and reads y back through L2. A decode projection then needs no
+// norm launch after it: one block does in the tail what the norm launch's
+// one block per row did, without the launch and the grid boundary.
+//
 // Grid: 1-D, grid.x = ceil(n / ((WARPS/KSPLIT)*ROWS)), block = WARPS*32
 // threads. The warps form WARPS/KSPLIT row groups of KSPLIT warps; a group
 // owns ROWS consecutive rows and its warps split k: warp s of the group
@@ -100,6 +112,8 @@
 // records, made by the producer). OUT=Q8_SPLIT adds the output split's
 // rounding (about 1e-5 of the outputs' RMS) to each contract's bound, and
 // the replay comparison splits the replayed outputs by the same rule.
+// TAIL=1 adds the step's outputs to the comparison: fp in f32 (the step's
+// own sums), with TAIL_OUT = Q8_1 or Q8_SPLIT that format's rounding.
 //
 // Defines:
 //   WTYPE   weight type: Q8_0 | Q4_0 | Q4_K | Q5_K | Q6_K | F16 | BF16
@@ -116,6 +130,8 @@
 //   XSMEM   0 = activations read from global memory, 1 = staged in shared
 //           memory first (ALGO 0 only; k a multiple of 32)
 //   OUT     F32 | Q8_SPLIT: the output's format
+//   TAIL    0 | 1: the sandwich-norm step in the last block (OUT=F32, FUSE=0)
+//   TAIL_OUT NONE | F32 | Q8_1 | Q8_SPLIT: the tail's normalized output
 
 #ifndef WTYPE
 #error "gemv.cu needs WTYPE"
@@ -147,6 +163,12 @@
 #ifndef OUT
 #error "gemv.cu needs OUT"
 #endif
+#ifndef TAIL
+#error "gemv.cu needs TAIL"
+#endif
+#ifndef TAIL_OUT
+#error "gemv.cu needs TAIL_OUT"
+#endif
 #if XSMEM && ALGO != 0
 #error "XSMEM=1 stages f32 activations: it needs ALGO=0"
 #endif
@@ -160,11 +182,21 @@
 #include "common.cuh"
 #include "kquant.cuh"
 #include "act_out.cuh"
+#include "sandwich_tail.cuh"
 
 // Rows one block owns: WARPS / KSPLIT row groups of ROWS rows.
 #define BLOCK_ROWS ((WARPS / KSPLIT) * ROWS)
 #if OUT != F32 && OUT != Q8_SPLIT
 #error "gemv.cu: OUT must be F32 or Q8_SPLIT"
+#endif
+#if TAIL != 0 && TAIL != 1
+#error "gemv.cu: TAIL must be 0 or 1"
+#endif
+#if TAIL && (OUT != F32 || FUSE != 0)
+#error "TAIL=1 reads y back as f32 rows of the plain product: it needs OUT=F32 and FUSE=0"
+#endif
+#if TAIL_OUT != NONE && TAIL_OUT != F32 && TAIL_OUT != Q8_1 && TAIL_OUT != Q8_SPLIT
+#error "gemv.cu: TAIL_OUT must be NONE, F32, Q8_1 or Q8_SPLIT"
 #endif
 #if OUT == Q8_SPLIT && BLOCK_ROWS % 32 != 0
 #error "OUT=Q8_SPLIT needs (WARPS / KSPLIT) * ROWS a multiple of 32: a block writes whole 32-row records"
@@ -282,7 +314,10 @@ template <int NT>
 DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                     const u8* __restrict__ wq2, const u16* __restrict__ wd2,
                     const float* __restrict__ x, const i8* __restrict__ xq, const float2* __restrict__ xds,
-                    float* __restrict__ y, int n, int k, const float* __restrict__ side, int side_stride) {
+                    float* __restrict__ y, int n, int k, const float* __restrict__ side, int side_stride,
+                    const float* h_in, float* h_out, const float* __restrict__ w_add,
+                    const float* __restrict__ scale, const float* __restrict__ w_out, void* tout,
+                    float2* tout_ds, unsigned* scratch, float eps) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / KSPLIT, slice = warp % KSPLIT;
     const int row0 = (blockIdx.x * (WARPS / KSPLIT) + group) * ROWS;
@@ -411,7 +446,7 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                 for (int t = 0; t < NT; ++t) red[warp][(m * ROWS + r) * NT + t] = acc[m][r][t];
     }
     __syncthreads();
-#if OUT == F32
+#if OUT == F32 && !TAIL
     if (slice != 0) return;
 #endif
     if (slice == 0 && lane == 0) {
@@ -426,7 +461,7 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
     }
 #endif
 #if OUT == F32
-    if (lane == 0 && active) {
+    if (lane == 0 && slice == 0 && active) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             if (row0 + r < n) {
@@ -459,14 +494,47 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
     split_store_rows(&ys[0][0], BLOCK_ROWS, NT, ngroups, blockIdx.x * ngroups, n / 32,
                      [&](int t) { return rec + (u64)t * (n / 32); });
 #endif
+#if TAIL
+    // The block's sum of squares of its outputs per token (f32, in row
+    // order), for the tail's norm of y: the last block adds the blocks'
+    // sums in block order instead of reading all of y back first.
+    __shared__ float tail_ss[WARPS / KSPLIT][NT];
+    float* partial = reinterpret_cast<float*>(scratch) + TAIL_PARTIALS;
+    if (lane == 0 && slice == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                if (active && row0 + r < n) ss = fmaf(acc[0][r][t], acc[0][r][t], ss);
+            tail_ss[group][t] = ss;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < NT) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int g = 0; g < WARPS / KSPLIT; ++g) ss += tail_ss[g][threadIdx.x];
+        partial[(u64)blockIdx.x * NT + threadIdx.x] = ss;
+    }
+    if (tail_last_block(scratch))
+        sandwich_rows<TAIL_OUT>(y, NT, n, partial, (int)gridDim.x, h_in, h_out, w_add, scale, w_out, tout,
+                                tout_ds, eps);
+#else
+    (void)h_in, (void)h_out, (void)w_add, (void)scale, (void)w_out, (void)tout, (void)tout_ds, (void)scratch,
+        (void)eps;
+#endif
 }
 
 #define GEMV_ENTRY(NT)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) gemv_n##NT(                     \
         const u8* wq, const u16* wd, const u8* wq2, const u16* wd2, const float* x,            \
         const i8* xq, const float2* xds, float* y, int n, int k, const float* side,            \
-        int side_stride) {                                                                      \
-        gemv_body<NT>(wq, wd, wq2, wd2, x, xq, xds, y, n, k, side, side_stride);                \
+        int side_stride, const float* h_in, float* h_out, const float* w_add,                   \
+        const float* scale, const float* w_out, void* tout, float2* tout_ds, unsigned* scratch, \
+        float eps) {                                                                            \
+        gemv_body<NT>(wq, wd, wq2, wd2, x, xq, xds, y, n, k, side, side_stride, h_in, h_out,    \
+                      w_add, scale, w_out, tout, tout_ds, scratch, eps);                        \
     }
 GEMV_ENTRY(1)
 GEMV_ENTRY(2)

@@ -60,13 +60,9 @@
 
 #include "common.cuh"
 #include "act_out.cuh"
+#include "sandwich_tail.cuh"
 
 #define MAXV 8
-
-DEVI float4 f4_scale(float4 a, float s) { return make_float4(a.x * s, a.y * s, a.z * s, a.w * s); }
-DEVI float f4_sq(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }
-DEVI float4 f4_mul(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }
-DEVI float4 f4_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 rmsnorm(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_add,

@@ -30,6 +30,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("act_convert.cu", include_str!("../cuda/act_convert.cu")),
     ("scale_expand.cu", include_str!("../cuda/scale_expand.cu")),
     ("act_out.cuh", include_str!("../cuda/act_out.cuh")),
+    (
+        "sandwich_tail.cuh",
+        include_str!("../cuda/sandwich_tail.cuh"),
+    ),
     ("gather.cuh", include_str!("../cuda/gather.cuh")),
     ("rmsnorm.cu", include_str!("../cuda/rmsnorm.cu")),
     ("qk_norm_rope.cu", include_str!("../cuda/qk_norm_rope.cu")),

@@ -8,7 +8,7 @@
 //! on a GPU.
 
 use gemtune_kernels::bind::attention::{combine_kargs, AttnArgs};
-use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Weights};
+use gemtune_kernels::bind::matmul::{Extra, MatmulBinding, Prepass, Tail, TailMode, Weights};
 use gemtune_kernels::bind::moe::{
     ExpertWeights, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeGemmDownArgs, MoeGemmGateUpArgs,
     MoeGroupArgs, MoeRouteArgs,
@@ -78,6 +78,11 @@ fn variants(f: &dyn Family) -> Vec<(GgmlType, Vec<(&'static str, DefineValue)>)>
             v.push((GgmlType::Q8_0, vec![("ALGO", int(0)), ("LAYOUT", int(0))]));
             v.push((GgmlType::Q8_0, vec![("FUSE", int(1)), ("ROWS", int(1))]));
             v.push((GgmlType::Q8_0, vec![("FUSE", int(2))]));
+            v.push((GgmlType::Q8_0, vec![("TAIL", int(1))]));
+            v.push((
+                GgmlType::Q4_0,
+                vec![("TAIL", int(1)), ("TAIL_OUT", text("Q8_1"))],
+            ));
         }
         "gemm_dq" => v.push((GgmlType::Q8_0, vec![("DQ_TYPE", text("BF16"))])),
         "gemm_wgmma" => v.push((GgmlType::Q8_0, vec![("KSPLIT", int(2))])),
@@ -242,8 +247,28 @@ fn launches(
                 ptr: NULL,
                 stride: n,
             });
+            let tail = match b.tail {
+                TailMode::None => None,
+                mode => Some(Tail {
+                    h_in: NULL,
+                    h_out: NULL,
+                    w_add: NULL,
+                    scale: NULL,
+                    w_out: NULL,
+                    out: Act {
+                        format: match mode {
+                            TailMode::Norm(f) => f,
+                            _ => ActFormat::F32,
+                        },
+                        data: NULL,
+                        scales: NULL,
+                    },
+                    scratch: NULL,
+                    eps: 1e-6,
+                }),
+            };
             let args = b
-                .kargs_with_side(&w, &x, NULL, m, n, k, side)
+                .kargs_with(&w, &x, NULL, m, n, k, Extra { side, tail })
                 .expect("kargs");
             let mut out = vec![(main, args)];
             // quantize_q8_1 is a family (and a module) of its own, checked

@@ -2,6 +2,7 @@
 //! by every layer and call (a captured decode graph bakes their addresses
 //! in, so they never move).
 
+use gemtune_kernels::bind::matmul::tail_scratch_bytes;
 use gemtune_kernels::bind::moe::{moe_gemm_scratch, MoeGemmScratch};
 use gemtune_kernels::gpu::{DeviceBuffer, Gpu, GpuError};
 
@@ -48,6 +49,12 @@ pub struct Buffers {
     /// the profile expands it per launch (`scale_expand`; 16 bytes
     /// otherwise).
     pub scale_scratch: DeviceBuffer,
+    /// The scratch of the decode GEMVs that run a norm in their last block
+    /// (gemv TAIL=1, `bind::matmul::tail_scratch_bytes`): the arrival
+    /// counter (a u32, 0 between launches) and the blocks' partial sums,
+    /// for a grid of up to one block per output row. The launches sharing
+    /// it run one after another on one stream.
+    pub tail_scratch: DeviceBuffer,
 }
 
 /// Most rows the head runs at once (the GEMV's token limit).
@@ -83,6 +90,7 @@ impl Buffers {
             logits: a(s.logits)?,
             attn_scratch: a(s.attn_scratch)?,
             scale_scratch: a(s.scale_scratch)?,
+            tail_scratch: gpu.upload(&vec![0u32; s.tail_scratch / 4])?,
         })
     }
 
@@ -112,6 +120,7 @@ impl Buffers {
             &self.logits,
             &self.attn_scratch,
             &self.scale_scratch,
+            &self.tail_scratch,
         ]
         .iter()
         .map(|b| b.bytes() as u64)
@@ -140,6 +149,7 @@ struct Sizes {
     logits: usize,
     attn_scratch: usize,
     scale_scratch: usize,
+    tail_scratch: usize,
 }
 
 /// The scratch buffers the plan sizes (bytes).
@@ -178,6 +188,7 @@ impl Sizes {
             logits: f(HEAD_ROWS * vocab),
             attn_scratch: scratch.attn.max(16),
             scale_scratch: scratch.scales.max(16),
+            tail_scratch: tail_scratch_bytes(w.d, HEAD_ROWS),
         }
     }
     fn total(&self) -> u64 {
@@ -200,6 +211,7 @@ impl Sizes {
             self.logits,
             self.attn_scratch,
             self.scale_scratch,
+            self.tail_scratch,
         ]
         .iter()
         .map(|&b| b as u64)

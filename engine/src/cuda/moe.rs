@@ -488,9 +488,13 @@ mod tests {
                         Some(DefineValue::Int(v)) => *v,
                         other => panic!("{what}: {key} = {other:?}"),
                     };
-                    assert_eq!(int(lp.attn_residual, "OUTS"), 3, "{what}");
-                    assert_eq!(int(lp.attn_residual, "SUM_IN"), 0, "{what}");
-                    let ends = [Some(lp.end), lp.end_with_next_norm];
+                    let residual = lp
+                        .attn_residual
+                        .expect("a MoE layer's attention residual is a launch");
+                    assert_eq!(int(residual, "OUTS"), 3, "{what}");
+                    assert_eq!(int(residual, "SUM_IN"), 0, "{what}");
+                    assert!(lp.end.is_some(), "{what}: a MoE layer's end is a launch");
+                    let ends = [lp.end, lp.end_with_next_norm];
                     for id in ends.into_iter().flatten() {
                         assert_eq!(int(id, "SUM_IN"), 1, "{what}");
                         assert_eq!(int(id, "OUTS"), 1, "{what}");

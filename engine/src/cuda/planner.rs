@@ -25,7 +25,7 @@ use gemtune_kernels::family::{family, DeviceLimits, Family, LaunchGeometry, Prob
 use gemtune_kernels::gpu::GpuError;
 
 use super::slots::Slot;
-use crate::profile::{to_defines, Choice, Profile};
+use crate::profile::{to_defines, Choice, Profile, BOUND_DEFINES};
 use crate::tuned::TunedFile;
 
 /// Rows per launch of a row-chunked GEMV slot.
@@ -150,8 +150,16 @@ impl Planner {
                 Problem::Attention(_) => gemtune_kernels::quant::GgmlType::F16,
                 Problem::Moe(e) => e.wtype,
             };
+            // A define the engine binds per call site is the site's: a
+            // tuned entry's value (a sweep's winner over it, such as a
+            // gemv TAIL) gives way to the family's default unless the site
+            // binds it (profiles cannot set one).
             let mut out = f.default_defines(wt);
-            out.extend(to_defines(d));
+            out.extend(
+                to_defines(d)
+                    .into_iter()
+                    .filter(|(k, _)| !BOUND_DEFINES.contains(&k.as_str())),
+            );
             let declared = f.declared_defines();
             let mut all: Vec<(&str, DefineValue)> = bound.to_vec();
             if let Problem::Attention(a) = p {
@@ -252,6 +260,7 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tuned::TunedDefine;
     use gemtune_kernels::compile::Arch;
     use gemtune_kernels::quant::GgmlType;
 
@@ -283,5 +292,37 @@ mod tests {
             "every declared define is set: {:?}",
             r.defines
         );
+    }
+
+    /// A tuned entry that carries a define the engine binds per call site
+    /// (a sweep's winner with a gemv tail or a records output) resolves
+    /// with the family's default for it: only the call site binds one.
+    #[test]
+    fn tuned_entries_do_not_carry_call_site_defines() {
+        let (arch, text) = crate::cuda::engine::BUILTIN_TUNED[0];
+        let mut tuned = TunedFile::parse(arch, text).expect("tuned table");
+        for e in &mut tuned.entries {
+            e.defines.insert("TAIL".into(), TunedDefine::Int(1));
+            e.defines
+                .insert("TAIL_OUT".into(), TunedDefine::Str("Q8_SPLIT".into()));
+            e.defines
+                .insert("OUT".into(), TunedDefine::Str("Q8_SPLIT".into()));
+        }
+        let planner = Planner::new(
+            Profile::load("dp4a").expect("dp4a"),
+            Some(tuned),
+            DeviceLimits::for_arch(Arch(90)),
+        );
+        let p = Problem::matmul(1, 2560, 10240, GgmlType::Q8_0);
+        let r = planner
+            .resolve(Slot::matmul(crate::cuda::slots::Proj::Down, 1), &p, &[])
+            .expect("resolves");
+        assert!(r.why.starts_with("tuned"), "{}", r.why);
+        assert_eq!(r.defines.get("TAIL"), Some(&DefineValue::Int(0)));
+        assert_eq!(
+            r.defines.get("TAIL_OUT"),
+            Some(&DefineValue::Str("NONE".into()))
+        );
+        assert_eq!(r.defines.get("OUT"), Some(&DefineValue::Str("F32".into())));
     }
 }

@@ -7,7 +7,7 @@
 //! launches the planned kernels (`k[id]`, the kernels at the chunk's grid).
 
 use gemtune_kernels::bind::attention as battn;
-use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, Side, Weights};
+use gemtune_kernels::bind::matmul::{Extra, MatmulBinding, Prepass, Side, Tail, TailMode, Weights};
 use gemtune_kernels::bind::rows::{self as brows, ScaleExpandArgs};
 use gemtune_kernels::bind::{Act, ActFormat, DevPtr, NULL};
 use gemtune_kernels::families::scale_expand;
@@ -183,7 +183,7 @@ impl CudaEngine<'_> {
                     (y, y_off),
                     rows,
                     m.scales.is_some(),
-                    None,
+                    Extra::default(),
                 )
             }
             MatmulExec::RowBlocks { blocks } => {
@@ -202,7 +202,7 @@ impl CudaEngine<'_> {
                         },
                     };
                     let ys = (y, y_off + 4 * r0 * (w.n / b.matrices));
-                    self.matmul_launch(k, *id, b, w, &xs, ys, mc, false, None)?;
+                    self.matmul_launch(k, *id, b, w, &xs, ys, mc, false, Extra::default())?;
                     r0 += mc;
                 }
                 Ok(())
@@ -232,10 +232,12 @@ impl CudaEngine<'_> {
         self.launch(k, id, &args.kargs())
     }
 
-    /// `matmul` of a GEMV bound to multiply `gelu(W x)` by `side` (gemv
-    /// FUSE=2: the PLE gate times the layer's per-layer input).
+    /// `matmul` of a GEMV bound to extra operands: `side` (gemv FUSE=2,
+    /// the PLE gate times the layer's per-layer input) or `tail` (gemv
+    /// TAIL=1, the sandwich norm after the projection). Without either, a
+    /// plain `matmul`.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_times_side(
+    fn matmul_with(
         &self,
         k: &[Kernel],
         m: &MatmulPlan,
@@ -243,22 +245,70 @@ impl CudaEngine<'_> {
         x: &Act,
         y: &DeviceBuffer,
         rows: usize,
-        side: Side,
+        extra: Extra,
     ) -> Result<(), EngineError> {
+        if extra == Extra::default() {
+            return self.matmul(k, m, w, x, y, rows);
+        }
         let MatmulExec::Kernel { launch, binding } = &m.exec else {
             return Err(EngineError::Device(format!(
-                "{}: a GEMV times a side operand is one kernel launch",
+                "{}: a GEMV with a side operand or a tail is one kernel launch",
                 w.name
             )));
         };
         self.mark(m.proj.phase())?;
-        self.matmul_launch(k, *launch, binding, w, x, (y, 0), rows, false, Some(side))
+        self.matmul_launch(k, *launch, binding, w, x, (y, 0), rows, false, extra)
+    }
+
+    /// The operands of projection `m`'s tail, where the plan bound one
+    /// (gemv TAIL=1): `x = (x + rmsnorm(y) * w_add) * *scale` (`scale`
+    /// NULL: 1), then, with `TailMode::Norm`, `act = rmsnorm(x) * w_out`
+    /// in the format the tail writes.
+    fn tail(&self, m: &MatmulPlan, w_add: DevPtr, scale: DevPtr, w_out: DevPtr) -> Extra {
+        let out = match m.tail() {
+            TailMode::None => return Extra::default(),
+            TailMode::Residual => Act::f32(NULL),
+            TailMode::Norm(f) => self.act(f),
+        };
+        let x = self.b.x.ptr();
+        Extra {
+            side: None,
+            tail: Some(Tail {
+                h_in: x,
+                h_out: x,
+                w_add,
+                scale,
+                w_out: if out.data == NULL { NULL } else { w_out },
+                out,
+                scratch: self.b.tail_scratch.ptr(),
+                eps: self.model.config().rms_eps,
+            }),
+        }
+    }
+
+    /// The tail of layer `l`'s last projection `m` (the PLE's, else down):
+    /// the layer's end, `x = (x + rmsnorm(y) * post) * layer scalar`, with
+    /// the next layer's input norm where the plan bound it.
+    fn end_tail(&self, m: &MatmulPlan, l: usize, post: DevPtr) -> Result<Extra, EngineError> {
+        let w_out = match m.tail() {
+            TailMode::Norm(_) => match self.w.layers.get(l + 1) {
+                Some(next) => next.attn_norm.ptr(),
+                None => {
+                    return Err(EngineError::Device(format!(
+                        "layer {l}: its end's tail writes the input norm of a layer the model does not have"
+                    )))
+                }
+            },
+            _ => NULL,
+        };
+        let scale = self.w.layer_scales.ptr() + 4 * l as u64;
+        Ok(self.tail(m, post, scale, w_out))
     }
 
     /// One launch of a matmul kernel. `expanded`: its scale plane is the
     /// one `expand_scales` just wrote into the scale scratch buffer (the
-    /// quant plane is the matrix's own). `side`: the operand of a gemv
-    /// FUSE=2 binding.
+    /// quant plane is the matrix's own). `extra`: the side operand of a
+    /// gemv FUSE=2 binding, the tail operands of a gemv TAIL=1 binding.
     #[allow(clippy::too_many_arguments)]
     fn matmul_launch(
         &self,
@@ -270,7 +320,7 @@ impl CudaEngine<'_> {
         (y, y_off): (&DeviceBuffer, usize),
         rows: usize,
         expanded: bool,
-        side: Option<Side>,
+        extra: Extra,
     ) -> Result<(), EngineError> {
         let n = w.n / b.matrices;
         if b.zero_output {
@@ -292,14 +342,14 @@ impl CudaEngine<'_> {
             };
         }
         let args = b
-            .kargs_with_side(
+            .kargs_with(
                 &ws[..b.matrices],
                 x,
                 y.ptr() + y_off as u64,
                 rows,
                 n,
                 w.k,
-                side,
+                extra,
             )
             .map_err(|e| EngineError::Device(format!("{}: {e}", w.name)))?;
         self.launch(k, id, &args)
@@ -589,11 +639,15 @@ impl CudaEngine<'_> {
             Some(a) => a,
             None => self.input_from_f32(k, &lp.o, self.b.o.ptr(), r)?,
         };
-        self.matmul(k, &lp.o, &lw.o, &o, &self.b.y, r)
+        // With a tail, the GEMV runs the attention residual and the FFN
+        // input norm (`attn_residual` then has no launch).
+        let tail = self.tail(&lp.o, lw.post_attn_norm.ptr(), NULL, lw.ffn_norm.ptr());
+        self.matmul_with(k, &lp.o, &lw.o, &o, &self.b.y, r, tail)
     }
 
     /// The attention residual: `x += rmsnorm(y) * post_attention_norm`,
-    /// then the FFN input norm `act = rmsnorm(x) * ffn_norm`.
+    /// then the FFN input norm `act = rmsnorm(x) * ffn_norm` (nothing where
+    /// the output projection's tail ran it).
     pub(super) fn attn_residual(
         &self,
         k: &[Kernel],
@@ -601,11 +655,14 @@ impl CudaEngine<'_> {
         l: usize,
         rows: Rows,
     ) -> Result<(), EngineError> {
+        let Some(id) = lp.attn_residual else {
+            return Ok(());
+        };
         let lw = &self.w.layers[l];
         let out = self.input_in_act(&lp.gate_up);
         self.rmsnorm(
             k,
-            lp.attn_residual,
+            id,
             self.b.x.ptr(),
             Some((self.b.y.ptr(), lw.post_attn_norm.ptr())),
             NULL,
@@ -658,7 +715,14 @@ impl CudaEngine<'_> {
                 out
             }
         };
-        self.matmul(k, &lp.down, &lw.down, &h_act, &self.b.y, r)
+        // With a tail, down runs the FFN residual (before the PLE) or the
+        // layer's end.
+        let tail = if lp.ple.is_some() {
+            self.tail(&lp.down, lw.post_ffw_norm.ptr(), NULL, NULL)
+        } else {
+            self.end_tail(&lp.down, l, lw.post_ffw_norm.ptr())?
+        };
+        self.matmul_with(k, &lp.down, &lw.down, &h_act, &self.b.y, r, tail)
     }
 
     /// The PLE injection of E2B/E4B, after the FFN residual
@@ -683,16 +747,18 @@ impl CudaEngine<'_> {
         let r = rows.n;
         let lw = &self.w.layers[l];
         let x = self.b.x.ptr();
-        self.rmsnorm(
-            k,
-            pp.ffn_residual,
-            x,
-            Some((self.b.y.ptr(), lw.post_ffw_norm.ptr())),
-            NULL,
-            None,
-            self.moe_sum(lp, l),
-            r,
-        )?;
+        if let Some(id) = pp.ffn_residual {
+            self.rmsnorm(
+                k,
+                id,
+                x,
+                Some((self.b.y.ptr(), lw.post_ffw_norm.ptr())),
+                NULL,
+                None,
+                self.moe_sum(lp, l),
+                r,
+            )?;
+        }
         let xa = self.input_from_f32(k, &pp.gate, x, r)?;
         let p = cfg.ple_dim;
         let per_layer = self.b.ple.ptr() + 4 * (l * p) as u64;
@@ -704,7 +770,11 @@ impl CudaEngine<'_> {
                     ptr: per_layer,
                     stride: cfg.n_layers * p,
                 };
-                self.matmul_times_side(k, &pp.gate, gate, &xa, &self.b.h, r, side)?;
+                let side = Extra {
+                    side: Some(side),
+                    tail: None,
+                };
+                self.matmul_with(k, &pp.gate, gate, &xa, &self.b.h, r, side)?;
                 Act::f32(self.b.h.ptr())
             }
             Some(gelu) => {
@@ -726,13 +796,21 @@ impl CudaEngine<'_> {
                 out
             }
         };
-        self.matmul(k, &pp.proj, proj, &out, &self.b.y, r)
+        // With a tail, the projection runs the layer's end.
+        let post = lw
+            .ple_post_norm
+            .as_ref()
+            .map_or(lw.post_ffw_norm.ptr(), |p| p.ptr());
+        let tail = self.end_tail(&pp.proj, l, post)?;
+        self.matmul_with(k, &pp.proj, proj, &out, &self.b.y, r, tail)
     }
 
     /// The layer's end: the last residual add (the PLE's, else the FFN's)
     /// with its post norm, times the layer scalar; with `next`, then the
     /// next layer's input norm in its QKV format (`next` is that layer's
-    /// plan).
+    /// plan). Nothing where the layer's last projection ran it in its tail
+    /// (which writes the next layer's input norm whenever there is a next
+    /// layer: a compacted chunk's input norm then writes it again).
     pub(super) fn layer_end(
         &self,
         k: &[Kernel],
@@ -755,7 +833,10 @@ impl CudaEngine<'_> {
                     self.act(nl.qkv_input()),
                 )),
             ),
-            _ => (lp.end, None),
+            _ => match lp.end {
+                Some(id) => (id, None),
+                None => return Ok(()),
+            },
         };
         // The PLE injection added the FFN's output already and left its
         // own in `y`; otherwise `y` is the FFN's (a MoE layer's shared MLP,

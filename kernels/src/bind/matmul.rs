@@ -121,6 +121,81 @@ pub fn gemv_out(d: &Defines) -> Result<ActFormat, String> {
     }
 }
 
+/// What a gemv variant does after its product in the grid's last block
+/// (`TAIL`, `TAIL_OUT`; kernels/cuda/sandwich_tail.cuh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TailMode {
+    /// Nothing (TAIL=0).
+    None,
+    /// The residual add only: `h = (h + rmsnorm(y) * w_add) * s`
+    /// (TAIL=1, TAIL_OUT=NONE).
+    Residual,
+    /// The residual add, then `rmsnorm(h) * w_out` in this format, the
+    /// next projection's input (TAIL=1, TAIL_OUT=F32 | Q8_1 | Q8_SPLIT).
+    Norm(ActFormat),
+}
+
+/// A gemv variant's tail (absent defines, in tables written before them:
+/// none).
+pub fn gemv_tail(d: &Defines) -> Result<TailMode, String> {
+    let on = match d.get("TAIL") {
+        None => false,
+        Some(_) => get_int(d, "TAIL")? == 1,
+    };
+    let out = d.get("TAIL_OUT").map(|v| v.to_string());
+    match (on, out.as_deref()) {
+        (false, None | Some("NONE")) => Ok(TailMode::None),
+        (false, Some(o)) => Err(format!(
+            "TAIL_OUT={o} names the tail's output: it needs TAIL=1"
+        )),
+        (true, None | Some("NONE")) => Ok(TailMode::Residual),
+        (true, Some(o)) => match ActFormat::from_define(o) {
+            Some(f @ (ActFormat::F32 | ActFormat::Q8_1 | ActFormat::Q8Split)) => {
+                Ok(TailMode::Norm(f))
+            }
+            _ => Err(format!("TAIL_OUT={o} is not NONE, F32, Q8_1 or Q8_SPLIT")),
+        },
+    }
+}
+
+/// The operands of a gemv TAIL=1 binding's sandwich-norm step over its
+/// output rows `y` (`[m][n]` f32): `h_out = (h_in + rmsnorm(y) * w_add) *
+/// *scale` (`scale` NULL: 1) and, with `TailMode::Norm`, `out =
+/// rmsnorm(h_out) * w_out` (`w_out` NULL: weightless) in `out.format`.
+/// `h_in` and `h_out` may be one buffer (in place). `scratch` holds at
+/// least `tail_scratch_bytes(grid, m)`: its first u32 is the blocks'
+/// arrival counter, 0 before the launch and left 0 by the kernel, then the
+/// blocks' partial sums. Launches sharing one scratch must not overlap
+/// (one stream).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tail {
+    pub h_in: DevPtr,
+    pub h_out: DevPtr,
+    pub w_add: DevPtr,
+    pub scale: DevPtr,
+    pub w_out: DevPtr,
+    pub out: Act,
+    pub scratch: DevPtr,
+    pub eps: f32,
+}
+
+/// Bytes of a gemv TAIL=1 launch's scratch over `grid` blocks at `m`
+/// tokens: the u32 arrival counter (16 bytes, keeping the partials
+/// aligned) and each block's sum of squares of its outputs per token
+/// (kernels/cuda/sandwich_tail.cuh, TAIL_PARTIALS).
+pub fn tail_scratch_bytes(grid: usize, m: usize) -> usize {
+    16 + 4 * grid * m
+}
+
+/// The operands some bindings take beside weights, input and output.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Extra {
+    /// gemv FUSE=2's side operand.
+    pub side: Option<Side>,
+    /// gemv TAIL=1's sandwich-norm operands.
+    pub tail: Option<Tail>,
+}
+
 /// The f32 operand a gemv FUSE=2 multiplies `gelu_tanh(W x)` by: token
 /// t's row at `ptr + 4 * t * stride` bytes, `n` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,11 +219,14 @@ pub struct MatmulBinding {
     pub matrices: usize,
     /// The GEMV multiplies `gelu_tanh(W x)` by a given f32 operand (gemv
     /// FUSE=2: the PLE gate times the layer's per-layer input), passed as
-    /// a `Side` to `kargs_with_side`.
+    /// a `Side` in `kargs_with`'s `Extra`.
     pub side: bool,
     /// The format `y` is written in: f32 `[m][n]`, or (gemv OUT=Q8_SPLIT)
     /// the split Q8 records `[m][n / 32]` the next GEMV reads with ALGO 3.
     pub out: ActFormat,
+    /// The step the last block runs over `y` (gemv TAIL), passed as a
+    /// `Tail` in `Extra`.
+    pub tail: TailMode,
 }
 
 impl MatmulBinding {
@@ -192,6 +270,7 @@ impl MatmulBinding {
                     matrices: if get_int(d, "FUSE")? == 1 { 2 } else { 1 },
                     side: get_int(d, "FUSE")? == 2,
                     out: gemv_out(d)?,
+                    tail: gemv_tail(d)?,
                 }
             }
             MatmulFamily::Mmq => MatmulBinding {
@@ -205,6 +284,7 @@ impl MatmulBinding {
                 matrices: 1,
                 side: false,
                 out: ActFormat::F32,
+                tail: TailMode::None,
             },
             MatmulFamily::GemmDq => MatmulBinding {
                 family: fam,
@@ -217,6 +297,7 @@ impl MatmulBinding {
                 matrices: 1,
                 side: false,
                 out: ActFormat::F32,
+                tail: TailMode::None,
             },
             MatmulFamily::GemmWgmma => MatmulBinding {
                 family: fam,
@@ -229,13 +310,14 @@ impl MatmulBinding {
                 matrices: 1,
                 side: false,
                 out: ActFormat::F32,
+                tail: TailMode::None,
             },
         })
     }
 
     /// The main kernel's parameters. `w` holds `self.matrices` weights; `x`
-    /// is in `self.act`. A binding with a side operand (`self.side`) needs
-    /// `kargs_with_side`.
+    /// is in `self.act`. A binding with a side operand (`self.side`) or a
+    /// tail (`self.tail`) needs `kargs_with`.
     pub fn kargs(
         &self,
         w: &[Weights],
@@ -245,13 +327,14 @@ impl MatmulBinding {
         n: usize,
         k: usize,
     ) -> Result<Vec<KArg>, String> {
-        self.kargs_with_side(w, x, y, m, n, k, None)
+        self.kargs_with(w, x, y, m, n, k, Extra::default())
     }
 
-    /// `kargs` with the side operand of a gemv FUSE=2 binding (`None` for
-    /// every other binding).
+    /// `kargs` with the extra operands: the side operand of a gemv FUSE=2
+    /// binding, the sandwich-norm operands of a gemv TAIL=1 binding (none
+    /// for every other binding).
     #[allow(clippy::too_many_arguments)]
-    pub fn kargs_with_side(
+    pub fn kargs_with(
         &self,
         w: &[Weights],
         x: &Act,
@@ -259,14 +342,35 @@ impl MatmulBinding {
         m: usize,
         n: usize,
         k: usize,
-        side: Option<Side>,
+        extra: Extra,
     ) -> Result<Vec<KArg>, String> {
+        let Extra { side, tail } = extra;
         if self.side != side.is_some() {
             return Err(format!(
                 "{} {} a side operand",
                 self.family.name(),
                 if self.side { "needs" } else { "takes no" }
             ));
+        }
+        match (self.tail, &tail) {
+            (TailMode::None, None) | (TailMode::Residual, Some(_)) => {}
+            (TailMode::Norm(f), Some(t)) if t.out.format == f => {}
+            (TailMode::Norm(f), Some(t)) => {
+                return Err(format!(
+                    "{} writes its tail's output in {f:?}, got {:?}",
+                    self.family.name(),
+                    t.out.format
+                ))
+            }
+            (TailMode::None, Some(_)) => {
+                return Err(format!("{} takes no tail operands", self.family.name()))
+            }
+            (_, None) => {
+                return Err(format!(
+                    "{} needs its tail's operands (TAIL=1)",
+                    self.family.name()
+                ))
+            }
         }
         if w.len() != self.matrices {
             return Err(format!(
@@ -286,7 +390,8 @@ impl MatmulBinding {
         }
         let (mi, ni, ki) = (i32_arg(m), i32_arg(n), i32_arg(k));
         Ok(match self.family {
-            // gemv_nM(wq, wd, wq2, wd2, x, xq, xds, y, n, k, side, side_stride)
+            // gemv_nM(wq, wd, wq2, wd2, x, xq, xds, y, n, k, side, side_stride,
+            //         h_in, h_out, w_add, scale, w_out, tout, tout_ds, scratch, eps)
             MatmulFamily::Gemv => {
                 let w2 = w.get(1).copied().unwrap_or(Weights { q: NULL, d: NULL });
                 let (xf, xq, xds) = match self.act {
@@ -310,6 +415,15 @@ impl MatmulBinding {
                     ki,
                     ptr(s.ptr),
                     i32_arg(s.stride),
+                    ptr(tail.map_or(NULL, |t| t.h_in)),
+                    ptr(tail.map_or(NULL, |t| t.h_out)),
+                    ptr(tail.map_or(NULL, |t| t.w_add)),
+                    ptr(tail.map_or(NULL, |t| t.scale)),
+                    ptr(tail.map_or(NULL, |t| t.w_out)),
+                    ptr(tail.map_or(NULL, |t| t.out.data)),
+                    ptr(tail.map_or(NULL, |t| t.out.scales)),
+                    ptr(tail.map_or(NULL, |t| t.scratch)),
+                    KArg::F32(tail.map_or(0.0, |t| t.eps)),
                 ]
             }
             // mmq_gemm(wq, wd, xq, xds, y, M, N, K)
@@ -450,7 +564,7 @@ pub struct DeviceWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::defines::defines;
+    use crate::defines::{defines, DefineValue};
     use crate::family::family;
     use crate::quant::GgmlType;
 
@@ -472,11 +586,9 @@ mod tests {
         }
     }
 
-    /// gemv FUSE=2 takes one matrix and a side operand (its pointer and
-    /// row stride after `k`); every other binding refuses one.
-    #[test]
-    fn gemv_side_operand_is_passed_only_where_bound() {
-        let mut d = family("gemv")
+    /// gemv's Q8_0 defaults (dp4a on Q8_1) and placeholder operands.
+    fn gemv_q8_operands() -> (Defines, Act, [Weights; 1]) {
+        let d = family("gemv")
             .expect("gemv")
             .default_defines(GgmlType::Q8_0);
         let x = Act {
@@ -484,28 +596,98 @@ mod tests {
             data: 1,
             scales: 2,
         };
-        let w = [Weights { q: 3, d: 4 }];
-        let side = Side {
-            ptr: 0x500,
-            stride: 96,
+        (d, x, [Weights { q: 3, d: 4 }])
+    }
+
+    /// gemv FUSE=2 takes one matrix and a side operand (its pointer and
+    /// row stride after `k`); every other binding refuses one.
+    #[test]
+    fn gemv_side_operand_is_passed_only_where_bound() {
+        let (mut d, x, w) = gemv_q8_operands();
+        let side = Extra {
+            side: Some(Side {
+                ptr: 0x500,
+                stride: 96,
+            }),
+            tail: None,
         };
         let plain = MatmulBinding::of("gemv", &d).expect("bind");
         assert!(!plain.side);
-        assert!(plain
-            .kargs_with_side(&w, &x, 5, 1, 32, 64, Some(side))
-            .is_err());
+        assert!(plain.kargs_with(&w, &x, 5, 1, 32, 64, side).is_err());
         d.insert("FUSE".into(), 2i64.into());
         let b = MatmulBinding::of("gemv", &d).expect("bind");
         assert!(b.side);
         assert_eq!(b.matrices, 1);
         let e = b.kargs(&w, &x, 5, 1, 32, 64).expect_err("no side");
         assert!(e.contains("needs a side operand"), "{e}");
-        let args = b
-            .kargs_with_side(&w, &x, 5, 1, 32, 64, Some(side))
-            .expect("kargs");
-        assert_eq!(args.len(), 12);
+        let args = b.kargs_with(&w, &x, 5, 1, 32, 64, side).expect("kargs");
+        assert_eq!(args.len(), 21);
         assert_eq!(format!("{:?}", args[10]), format!("{:?}", ptr(0x500)));
         assert_eq!(format!("{:?}", args[11]), format!("{:?}", i32_arg(96)));
+    }
+
+    /// gemv TAIL=1 takes the sandwich-norm operands after the side
+    /// operand, in the format its TAIL_OUT names; a binding without a
+    /// tail refuses them, and one with a tail needs them.
+    #[test]
+    fn gemv_tail_operands_are_passed_only_where_bound() {
+        let (mut d, x, w) = gemv_q8_operands();
+        let tail = Tail {
+            h_in: 0x10,
+            h_out: 0x10,
+            w_add: 0x20,
+            scale: 0x30,
+            w_out: 0x40,
+            out: Act {
+                format: ActFormat::Q8Split,
+                data: 0x50,
+                scales: NULL,
+            },
+            scratch: 0x60,
+            eps: 1e-6,
+        };
+        let with = Extra {
+            side: None,
+            tail: Some(tail),
+        };
+        let plain = MatmulBinding::of("gemv", &d).expect("bind");
+        assert_eq!(plain.tail, TailMode::None);
+        let e = plain
+            .kargs_with(&w, &x, 5, 1, 32, 64, with)
+            .expect_err("no tail");
+        assert!(e.contains("takes no tail"), "{e}");
+        d.insert("TAIL".into(), 1i64.into());
+        assert_eq!(
+            MatmulBinding::of("gemv", &d).expect("bind").tail,
+            TailMode::Residual
+        );
+        d.insert("TAIL_OUT".into(), DefineValue::Str("Q8_SPLIT".into()));
+        let b = MatmulBinding::of("gemv", &d).expect("bind");
+        assert_eq!(b.tail, TailMode::Norm(ActFormat::Q8Split));
+        let e = b.kargs(&w, &x, 5, 1, 32, 64).expect_err("no tail");
+        assert!(e.contains("needs its tail"), "{e}");
+        let mut f32_out = tail;
+        f32_out.out.format = ActFormat::F32;
+        let wrong = Extra {
+            side: None,
+            tail: Some(f32_out),
+        };
+        assert!(b.kargs_with(&w, &x, 5, 1, 32, 64, wrong).is_err());
+        let args = b.kargs_with(&w, &x, 5, 1, 32, 64, with).expect("kargs");
+        assert_eq!(args.len(), 21);
+        let expect = [0x10, 0x10, 0x20, 0x30, 0x40, 0x50, NULL, 0x60];
+        for (i, p) in expect.into_iter().enumerate() {
+            assert_eq!(
+                format!("{:?}", args[12 + i]),
+                format!("{:?}", ptr(p)),
+                "arg {}",
+                12 + i
+            );
+        }
+        assert_eq!(format!("{:?}", args[20]), format!("{:?}", KArg::F32(1e-6)));
+        // TAIL_OUT without TAIL names nothing.
+        d.insert("TAIL".into(), 0i64.into());
+        assert!(gemv_tail(&d).is_err());
     }
 
     #[test]
@@ -577,6 +759,7 @@ mod tests {
                     matrices: 1,
                     side: false,
                     out: ActFormat::F32,
+                    tail: TailMode::None,
                 };
                 let dw = b.device_weights(wt, &gguf, n, k).expect("device weights");
                 let (qs, ds) = b.row_strides(wt, k);

@@ -164,6 +164,7 @@ pub fn expert_binding(
         matrices: 1,
         side: false,
         out: super::ActFormat::F32,
+        tail: crate::bind::matmul::TailMode::None,
     })
 }
 

@@ -187,6 +187,7 @@ pub(crate) fn dq_workload(
         act,
         y,
         side: None,
+        tail: None,
         geo: geo.clone(),
         binding,
         m,

@@ -4,14 +4,19 @@
 //! from the f32 rows (ALGO 2, k-quant planes) or reads as records a
 //! producer wrote (ALGO 3, the planes of Q8_0, Q4_0 and the k-quants);
 //! optional gate+up+GELU fusion (FUSE=1) or GELU times a given operand
-//! (FUSE=2, the PLE gate). See kernels/cuda/gemv.cu.
+//! (FUSE=2, the PLE gate); optional sandwich-norm step over the output in
+//! the grid's last block (TAIL=1: the residual add and the next
+//! projection's input norm, so no norm launch follows a decode
+//! projection). See kernels/cuda/gemv.cu and sandwich_tail.cuh.
 
+use super::rmsnorm::{norm_out_f64, residual_add_f64};
+use super::rows_common::{act_replay, format_tolerance};
 use super::{
     ds_words, gelu_tanh_f64, matmul_f64, matmul_f64_x, matmul_q8_replay, memo, q8_1_replay,
     q8_split_records, seeded_inputs, split_output_replay, split_q8_replay, MatmulWorkload,
-    QWeights,
+    QWeights, TailBuffers,
 };
-use crate::bind::matmul::{gemv_out, MatmulBinding};
+use crate::bind::matmul::{gemv_out, gemv_tail, tail_scratch_bytes, MatmulBinding, TailMode};
 use crate::bind::{Act, ActFormat};
 use crate::defines::{defines, int_in, int_range, DefineValue, Defines};
 use crate::device::{DeviceLimits, LaunchGeometry};
@@ -93,6 +98,26 @@ fn split_out(d: &Defines) -> bool {
     gemv_out(d) == Ok(ActFormat::Q8Split)
 }
 
+/// Whether the variant's tail writes a quantized output (TAIL_OUT = Q8_1
+/// or Q8_SPLIT).
+fn tail_quantizes(d: &Defines) -> bool {
+    matches!(
+        gemv_tail(d),
+        Ok(TailMode::Norm(ActFormat::Q8_1 | ActFormat::Q8Split))
+    )
+}
+
+/// The looser of two tolerances, bound by bound: a comparison over outputs
+/// judged by either.
+fn loosest(a: Tolerance, b: Tolerance) -> Tolerance {
+    Tolerance {
+        rms_rel: a.rms_rel.max(b.rms_rel),
+        max_rel: a.max_rel.max(b.max_rel),
+        outlier_frac: a.outlier_frac.max(b.outlier_frac),
+        replay_rms_rel: a.replay_rms_rel.max(b.replay_rms_rel),
+    }
+}
+
 /// Dynamic shared memory of ALGO 2 at `m` tokens: one 80-byte split
 /// record (`XSplit` in gemv_chunk.cuh) per 32-element group and token.
 fn split_bytes(m: usize, k: usize, lim: &DeviceLimits) -> Result<u32, String> {
@@ -150,27 +175,38 @@ impl Family for Gemv {
         ]);
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d.insert("OUT".into(), DefineValue::Str("F32".into()));
+        d.insert("TAIL".into(), DefineValue::Int(0));
+        d.insert("TAIL_OUT".into(), DefineValue::Str("NONE".into()));
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
         match d.get("ALGO") {
             Some(DefineValue::Int(1..=3)) => Contract::Approx,
-            _ if split_out(d) => Contract::Approx,
+            _ if split_out(d) || tail_quantizes(d) => Contract::Approx,
             _ => Contract::Fp,
         }
     }
     fn default_tolerance(&self, d: &Defines, p: &Problem) -> Tolerance {
-        let k = matmul_of(p).map(|m| m.k).unwrap_or(32);
+        let (n, k) = matmul_of(p).map(|m| (m.n, m.k)).unwrap_or((32, 32));
         let fp = fp_rms_bound(k) + if split_out(d) { SPLIT_OUT_RMS } else { 0.0 };
         // FUSE=1 and 2 end in gelu_tanh, which amplifies the activations'
         // noise where its slope exceeds one.
         let fused = matches!(d.get("FUSE"), Some(DefineValue::Int(1 | 2)));
-        match (self.contract(d), d.get("ALGO")) {
+        let gemv = match (self.contract(d), d.get("ALGO")) {
             (Contract::Approx, Some(DefineValue::Int(1))) => {
                 dp4a_tolerance(ActNoise::Q8_1, fused, fp)
             }
-            (Contract::Approx, _) => dp4a_tolerance(ActNoise::Split, fused, fp),
+            (Contract::Approx, Some(DefineValue::Int(2 | 3))) => {
+                dp4a_tolerance(ActNoise::Split, fused, fp)
+            }
             _ => Tolerance::fp(fp),
+        };
+        // The tail's outputs follow y in the comparison: the step's f32
+        // sums over n values, then its output format's rounding.
+        match gemv_tail(d) {
+            Ok(TailMode::Residual) => loosest(gemv, Tolerance::fp(fp_rms_bound(n))),
+            Ok(TailMode::Norm(f)) => loosest(gemv, format_tolerance(f, fp_rms_bound(n))),
+            _ => gemv,
         }
     }
     fn validate(
@@ -284,6 +320,35 @@ impl Family for Gemv {
                     "OUT=Q8_SPLIT needs n a multiple of 32 (one record per 32 outputs), not n={}",
                     mp.n
                 ));
+            }
+        }
+        // TAIL may be absent (tables written before it: no tail).
+        if d.contains_key("TAIL") {
+            int_in(d, "TAIL", &[0, 1])?;
+        }
+        match gemv_tail(d)? {
+            TailMode::None => {}
+            tail => {
+                if gemv_out(d)? != ActFormat::F32 || fuse != 0 {
+                    return Err(
+                        "TAIL=1 reads y back as the f32 rows of the plain product: it needs OUT=F32 and FUSE=0"
+                            .into(),
+                    );
+                }
+                let quantized =
+                    matches!(tail, TailMode::Norm(ActFormat::Q8_1 | ActFormat::Q8Split));
+                let unit = if quantized { 32 } else { 4 };
+                if mp.n % unit != 0 {
+                    return Err(format!(
+                        "TAIL=1 reads the rows in 4-value pieces{}: n={} is not a multiple of {unit}",
+                        if quantized {
+                            " and writes its output in 32-value groups"
+                        } else {
+                            ""
+                        },
+                        mp.n
+                    ));
+                }
             }
         }
         if !(1..=8).contains(&mp.m) {
@@ -432,6 +497,21 @@ impl Family for Gemv {
             });
             ((*r).clone(), replay)
         });
+        let tail_mode = binding.tail;
+        let (reference, tail) = match tail_mode {
+            TailMode::None => (reference, None),
+            mode => {
+                let format = match mode {
+                    TailMode::Norm(f) => Some(f),
+                    _ => None,
+                };
+                let (tail, vals) = tail_operands(gpu, m, n, geo.grid.0 as usize, format, seed)?;
+                (
+                    with_tail_reference(reference, vals, m, n, format),
+                    Some(tail),
+                )
+            }
+        };
         let y = gpu.alloc(m * n * 4)?;
         let side = side.map(|s| gpu.upload(&s)).transpose()?;
         let side_bytes = side.as_ref().map_or(0, |_| (m * n * 4) as u64);
@@ -450,13 +530,18 @@ impl Family for Gemv {
             act,
             y,
             side,
+            tail,
             geo: geo.clone(),
             binding,
             m,
             n,
             k,
             reference,
-            bytes: weight_bytes + act_bytes + side_bytes + binding.out.bytes(m, n) as u64,
+            bytes: weight_bytes
+                + act_bytes
+                + side_bytes
+                + binding.out.bytes(m, n) as u64
+                + tail_bytes(tail_mode, m, n),
             ops: 2 * (m * n * k) as u64 * nmat,
             op_kind: if algo == 0 {
                 OpKind::Flop
@@ -465,6 +550,115 @@ impl Family for Gemv {
             },
         }))
     }
+}
+
+/// Bytes the tail moves beyond the product: y read back, the residual read
+/// and written, the two norm weights, the normalized output.
+fn tail_bytes(mode: TailMode, m: usize, n: usize) -> u64 {
+    let out = match mode {
+        TailMode::None => return 0,
+        TailMode::Residual => 0,
+        TailMode::Norm(f) => f.bytes(m, n) + f.scale_bytes(m, n),
+    };
+    (4 * (3 * m * n + 2 * n) + out) as u64
+}
+
+/// The step's operand values of a TAIL check (seeded like the rmsnorm
+/// family's): the residual `[m][n]`, the two norm weights and the layer
+/// scalar.
+struct TailValues {
+    h: Vec<f32>,
+    w_add: Vec<f32>,
+    w_out: Vec<f32>,
+    scale: f32,
+}
+
+const TAIL_EPS: f32 = 1e-6;
+
+/// Uploads the step's operands: the residual in and out separately (so a
+/// call computes the same step every time), the scratch of `grid` blocks
+/// with its arrival counter zeroed.
+fn tail_operands(
+    gpu: &Gpu,
+    m: usize,
+    n: usize,
+    grid: usize,
+    format: Option<ActFormat>,
+    seed: u64,
+) -> Result<(TailBuffers, TailValues), GpuError> {
+    use rand::Rng;
+    let mut rng = super::rng_for("gemv tail", &[m, n], seed);
+    let v = TailValues {
+        h: super::random_matrix(&mut rng, m, n),
+        w_add: (0..n).map(|_| rng.random_range(0.5f32..1.5)).collect(),
+        w_out: (0..n).map(|_| rng.random_range(0.5f32..1.5)).collect(),
+        scale: rng.random_range(0.1f32..0.9),
+    };
+    let f = format.unwrap_or(ActFormat::F32);
+    let scratch = gpu.alloc(tail_scratch_bytes(grid, m))?;
+    gpu.fill_u32(&scratch, 0)?;
+    let t = TailBuffers {
+        h_in: gpu.upload(&v.h)?,
+        h_out: gpu.alloc(4 * m * n)?,
+        w_add: gpu.upload(&v.w_add)?,
+        scale: gpu.upload(&[v.scale])?,
+        w_out: gpu.upload(&v.w_out)?,
+        out: gpu.alloc(f.bytes(m, n).max(4))?,
+        out_ds: gpu.alloc(f.scale_bytes(m, n).max(8))?,
+        scratch,
+        format,
+        eps: TAIL_EPS,
+    };
+    Ok((t, v))
+}
+
+/// The step over the product's rows in f64: the updated residual, then
+/// the normalized output (and the f32 values the kernel would round).
+fn tail_f64(y: &[f64], v: &TailValues, m: usize, n: usize, norm: bool) -> (Vec<f64>, Vec<f64>) {
+    let mut h: Vec<f64> = v.h.iter().map(|&x| x as f64).collect();
+    let mut out = Vec::new();
+    for t in 0..m {
+        let row = &mut h[t * n..(t + 1) * n];
+        residual_add_f64(
+            row,
+            &y[t * n..(t + 1) * n],
+            &v.w_add,
+            v.scale as f64,
+            TAIL_EPS,
+        );
+        if norm {
+            out.extend(norm_out_f64(row, Some(&v.w_out), TAIL_EPS));
+        }
+    }
+    (h, out)
+}
+
+/// `reference` (y's reference and replay) extended by the step's outputs:
+/// the reference runs the step on y's f64 reference, the replay on y's
+/// replay with the output format's rounding.
+fn with_tail_reference(
+    reference: super::RefFn,
+    v: TailValues,
+    m: usize,
+    n: usize,
+    format: Option<ActFormat>,
+) -> super::RefFn {
+    Box::new(move || {
+        let (mut r, replay) = reference();
+        let (h, out) = tail_f64(&r, &v, m, n, format.is_some());
+        let replay = replay.map(|mut rp| {
+            let (h, out) = tail_f64(&rp, &v, m, n, format.is_some());
+            rp.extend(h);
+            if let Some(f) = format {
+                let o: Vec<f32> = out.iter().map(|&x| x as f32).collect();
+                rp.extend(act_replay(f, &o).into_iter().map(|x| x as f64));
+            }
+            rp
+        });
+        r.extend(h);
+        r.extend(out);
+        (r, replay)
+    })
 }
 
 #[cfg(test)]
@@ -818,6 +1012,74 @@ mod tests {
         assert!(t.replay_rms_rel > 5e-5 && t.rms_rel <= 3e-4, "{t:?}");
         fma.insert("OUT".into(), DefineValue::Str("F32".into()));
         assert_eq!(f.contract(&fma), Contract::Fp);
+    }
+
+    /// TAIL=1 runs on the plain product written as f32 rows (FUSE=0,
+    /// OUT=F32) and reads the rows in 4-value pieces (its Q8_1 / Q8_SPLIT
+    /// output in 32-value groups); TAIL_OUT alone names nothing; a
+    /// quantized TAIL_OUT makes the contract approx, and the tail's outputs
+    /// loosen the tolerance to the output format's.
+    #[test]
+    fn the_tail_validates_where_it_reads_and_writes_whole_rows() {
+        let f = Gemv;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        let mut d = f.default_defines(GgmlType::Q8_0);
+        assert_eq!(d.get("TAIL"), Some(&DefineValue::Int(0)));
+        assert_eq!(d.get("TAIL_OUT"), Some(&DefineValue::Str("NONE".into())));
+        d.insert("ALGO".into(), DefineValue::Int(0));
+        d.insert("TAIL".into(), DefineValue::Int(1));
+        let p = Problem::matmul(3, 2560, 2048, GgmlType::Q8_0);
+        let odd = Problem::matmul(3, 1000, 2048, GgmlType::Q8_0);
+        f.validate(&d, &p, &lim).expect("the residual only");
+        f.validate(&d, &odd, &lim)
+            .expect("n = 1000: 4-value pieces");
+        assert_eq!(f.contract(&d), Contract::Fp);
+        // The least rms_rel each tail output's comparison allows: its
+        // format's rounding over the step's f32 sums of n = 2560 squares.
+        for (out, quantized, least) in [
+            ("F32", false, fp_rms_bound(2560)),
+            ("Q8_1", true, 1e-2),
+            ("Q8_SPLIT", true, 1e-4),
+        ] {
+            let mut o = d.clone();
+            o.insert("TAIL_OUT".into(), DefineValue::Str(out.into()));
+            f.validate(&o, &p, &lim).expect(out);
+            assert_eq!(f.validate(&o, &odd, &lim).is_err(), quantized, "{out}");
+            let want = if quantized {
+                Contract::Approx
+            } else {
+                Contract::Fp
+            };
+            assert_eq!(f.contract(&o), want, "{out}");
+            let t = f.default_tolerance(&o, &p);
+            assert!(t.rms_rel >= least, "{out}: {t:?}");
+        }
+        for (k, v) in [("FUSE", 1), ("FUSE", 2)] {
+            let mut bad = d.clone();
+            bad.insert(k.into(), DefineValue::Int(v));
+            let e = f.validate(&bad, &p, &lim).expect_err("a fused GEMV");
+            assert!(e.contains("FUSE=0"), "{e}");
+        }
+        let mut bad = d.clone();
+        bad.insert("OUT".into(), DefineValue::Str("Q8_SPLIT".into()));
+        bad.insert("ROWS".into(), DefineValue::Int(8));
+        bad.insert("WARPS".into(), DefineValue::Int(4));
+        let e = f.validate(&bad, &p, &lim).expect_err("records out");
+        assert!(e.contains("OUT=F32"), "{e}");
+        let mut orphan = f.default_defines(GgmlType::Q8_0);
+        orphan.insert("TAIL_OUT".into(), DefineValue::Str("F32".into()));
+        assert!(f.validate(&orphan, &p, &lim).is_err());
+        let mut unknown = d.clone();
+        unknown.insert("TAIL_OUT".into(), DefineValue::Str("DQ_F16".into()));
+        assert!(f.validate(&unknown, &p, &lim).is_err());
+        // A tuned-table entry written before the defines: no tail.
+        let mut before = f.default_defines(GgmlType::Q8_0);
+        before.remove("TAIL");
+        before.remove("TAIL_OUT");
+        f.validate(&before, &p, &lim)
+            .expect("an entry without TAIL");
+        let b = MatmulBinding::of("gemv", &before).expect("bind");
+        assert_eq!(b.tail, TailMode::None);
     }
 
     /// ALGO 3's input buffer is the records the producers write: 80 bytes

@@ -115,6 +115,7 @@ impl Family for Mmq {
             act,
             y,
             side: None,
+            tail: None,
             geo: geo.clone(),
             binding,
             m,

@@ -428,6 +428,8 @@ pub(crate) struct MatmulWorkload {
     pub y: DeviceBuffer,
     /// The side operand of a gemv FUSE=2 binding (`[m][n]` f32).
     pub side: Option<DeviceBuffer>,
+    /// The sandwich-norm operands of a gemv TAIL=1 binding.
+    pub tail: Option<TailBuffers>,
     pub geo: LaunchGeometry,
     pub binding: MatmulBinding,
     pub m: usize,
@@ -439,6 +441,66 @@ pub(crate) struct MatmulWorkload {
     pub bytes: u64,
     pub ops: u64,
     pub op_kind: OpKind,
+}
+
+/// The device operands of a gemv TAIL=1 check: the residual in (`h_in`)
+/// and out (`h_out`, a separate buffer so that every call computes the same
+/// step), the norm weights and scalar, the normalized output in `format`
+/// (`out`, with `out_ds` for Q8_1's scales) and the scratch (the arrival
+/// counter, zeroed, and the blocks' partial sums).
+pub(crate) struct TailBuffers {
+    pub h_in: DeviceBuffer,
+    pub h_out: DeviceBuffer,
+    pub w_add: DeviceBuffer,
+    pub scale: DeviceBuffer,
+    pub w_out: DeviceBuffer,
+    pub out: DeviceBuffer,
+    pub out_ds: DeviceBuffer,
+    pub scratch: DeviceBuffer,
+    /// The normalized output's format; `None`: the residual only.
+    pub format: Option<ActFormat>,
+    pub eps: f32,
+}
+
+impl TailBuffers {
+    fn operands(&self) -> crate::bind::matmul::Tail {
+        crate::bind::matmul::Tail {
+            h_in: self.h_in.ptr(),
+            h_out: self.h_out.ptr(),
+            w_add: self.w_add.ptr(),
+            scale: self.scale.ptr(),
+            w_out: self.w_out.ptr(),
+            out: Act {
+                format: self.format.unwrap_or(ActFormat::F32),
+                data: self.format.map_or(NULL, |_| self.out.ptr()),
+                scales: self.out_ds.ptr(),
+            },
+            scratch: self.scratch.ptr(),
+            eps: self.eps,
+        }
+    }
+
+    /// The buffers a checked run must write, poisoned before it.
+    fn outputs(&self) -> Vec<&DeviceBuffer> {
+        let mut v = vec![&self.h_out];
+        if self.format.is_some() {
+            v.push(&self.out);
+        }
+        v
+    }
+
+    /// The updated residual, then the normalized output decoded to f32,
+    /// `values` each.
+    fn read(&self, gpu: &Gpu, values: usize) -> Result<Vec<f32>, GpuError> {
+        let mut v: Vec<f32> = gpu.download(&self.h_out)?;
+        v.truncate(values);
+        if let Some(f) = self.format {
+            let words: Vec<u32> = gpu.download(&self.out)?;
+            let ds: Vec<f32> = gpu.download(&self.out_ds)?;
+            v.extend(rows_common::act_decode(f, &words, &ds, values));
+        }
+        Ok(v)
+    }
 }
 
 impl MatmulWorkload {
@@ -458,8 +520,12 @@ impl MatmulWorkload {
             ptr: b.ptr(),
             stride: self.n,
         });
+        let extra = crate::bind::matmul::Extra {
+            side,
+            tail: self.tail.as_ref().map(TailBuffers::operands),
+        };
         self.binding
-            .kargs_with_side(&w, &self.act, self.y.ptr(), self.m, self.n, self.k, side)
+            .kargs_with(&w, &self.act, self.y.ptr(), self.m, self.n, self.k, extra)
             .map_err(GpuError::Rejected)
     }
 }
@@ -487,7 +553,11 @@ impl Workload for MatmulWorkload {
         gpu.launch(m, &self.geo, &self.args(copy)?)
     }
     fn poison(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        poison(gpu, &[&self.y])
+        let mut outs = vec![&self.y];
+        if let Some(t) = &self.tail {
+            outs.extend(t.outputs());
+        }
+        poison(gpu, &outs)
     }
     fn evaluate(
         &self,
@@ -496,10 +566,15 @@ impl Workload for MatmulWorkload {
         tol: &Tolerance,
     ) -> Result<CheckReport, GpuError> {
         let (reference, replay) = (self.reference)();
-        let out: Vec<f32> = match self.binding.out {
+        let mut out: Vec<f32> = match self.binding.out {
             ActFormat::Q8Split => download_split_values(gpu, &self.y, self.m * self.n)?,
             _ => gpu.download(&self.y)?,
         };
+        if let Some(t) = &self.tail {
+            // The reference holds y, then the step's outputs.
+            out.truncate(self.m * self.n);
+            out.extend(t.read(gpu, self.m * self.n)?);
+        }
         Ok(compare(
             &out[..reference.len()],
             &reference,
@@ -509,7 +584,13 @@ impl Workload for MatmulWorkload {
         ))
     }
     fn raw_output(&self, gpu: &Gpu) -> Result<Vec<u32>, GpuError> {
-        gpu.download(&self.y)
+        let mut v: Vec<u32> = gpu.download(&self.y)?;
+        if let Some(t) = &self.tail {
+            for b in t.outputs() {
+                v.extend(gpu.download::<u32>(b)?);
+            }
+        }
+        Ok(v)
     }
     fn bytes_per_call(&self) -> u64 {
         self.bytes

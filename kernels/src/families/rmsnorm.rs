@@ -70,6 +70,28 @@ fn inv_rms_f64(v: &[f64], eps: f32) -> f64 {
     1.0 / (ss / v.len() as f64 + eps as f64).sqrt()
 }
 
+/// The residual add of the sandwich step on one row, in f64:
+/// `h = (h + rmsnorm(addend) * w_add) * scale` (rmsnorm.cu with ADD=1,
+/// gemv's TAIL).
+pub(crate) fn residual_add_f64(h: &mut [f64], addend: &[f64], w_add: &[f32], scale: f64, eps: f32) {
+    let s = inv_rms_f64(addend, eps);
+    for ((hc, &a), &w) in h.iter_mut().zip(addend).zip(w_add) {
+        *hc = (*hc + a * s * w as f64) * scale;
+    }
+}
+
+/// The normalized output of the step on one row: `rmsnorm(h) * w_out`
+/// (`None`: weightless), its scale taken over the f32 rounding of `h`, the
+/// values the kernel stored and reads back.
+pub(crate) fn norm_out_f64(h: &[f64], w_out: Option<&[f32]>, eps: f32) -> Vec<f64> {
+    let hf: Vec<f32> = h.iter().map(|&x| x as f32).collect();
+    let s = inv_rms(&hf, eps);
+    h.iter()
+        .enumerate()
+        .map(|(c, &v)| v * s * w_out.map_or(1.0, |w| w[c] as f64))
+        .collect()
+}
+
 impl Family for RmsNorm {
     fn name(&self) -> &'static str {
         "rmsnorm"
@@ -202,20 +224,17 @@ impl Family for RmsNorm {
                 } else {
                     yr.iter().map(|&x| x as f64).collect()
                 };
-                let s = inv_rms_f64(&addend, EPS);
-                for c in 0..w {
-                    hn[c] = (hn[c] + addend[c] * s * w_add[c] as f64) * scale[0] as f64;
-                }
+                residual_add_f64(&mut hn, &addend, &w_add, scale[0] as f64, EPS);
             }
             h_ref[i * w..(i + 1) * w].copy_from_slice(&hn);
-            let hf: Vec<f32> = hn.iter().map(|&x| x as f32).collect();
-            let s = inv_rms(&hf, EPS);
+            let o = norm_out_f64(&hn, weighted.then_some(&w_out[..]), EPS);
+            let o2 = norm_out_f64(&hn, Some(&w_out2), EPS);
+            let o3 = norm_out_f64(&hn, Some(&w_out3), EPS);
             for c in 0..w {
-                let g = if weighted { w_out[c] as f64 } else { 1.0 };
-                o_ref[i * w + c] = hn[c] * s * g;
-                o_f32[i * w + c] = (hn[c] * s * g) as f32;
-                o2_ref[i * w + c] = hn[c] * s * w_out2[c] as f64;
-                o3_ref[i * w + c] = hn[c] * s * w_out3[c] as f64;
+                o_ref[i * w + c] = o[c];
+                o_f32[i * w + c] = o[c] as f32;
+                o2_ref[i * w + c] = o2[c];
+                o3_ref[i * w + c] = o3[c];
             }
         }
         let mut reference = Vec::new();

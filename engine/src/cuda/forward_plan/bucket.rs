@@ -3,7 +3,7 @@
 //! the layer end; each projection a `MatmulPlan` with the launches,
 //! binding, input format and pre-pass it needs.
 
-use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass};
+use gemtune_kernels::bind::matmul::{MatmulBinding, Prepass, TailMode};
 use gemtune_kernels::bind::ActFormat;
 
 use super::launch::LaunchId;
@@ -79,6 +79,14 @@ impl MatmulPlan {
             _ => ActFormat::F32,
         }
     }
+    /// The sandwich-norm step the projection's GEMV runs in its last block
+    /// (gemv TAIL=1, bound by the plan): then no norm launch follows it.
+    pub fn tail(&self) -> TailMode {
+        match &self.exec {
+            MatmulExec::Kernel { binding, .. } => binding.tail,
+            _ => TailMode::None,
+        }
+    }
 }
 
 /// One attention call: the kernel and how Q and O travel.
@@ -98,8 +106,9 @@ pub struct AttnPlan {
 /// The per-layer-embedding injection of one layer (E2B/E4B).
 #[derive(Clone, Debug)]
 pub struct PleLayerPlan {
-    /// `x += rmsnorm(y) * post_ffw_norm` (the FFN residual, nothing else).
-    pub ffn_residual: LaunchId,
+    /// `x += rmsnorm(y) * post_ffw_norm` (the FFN residual, nothing else);
+    /// `None` where the down projection runs it in its tail.
+    pub ffn_residual: Option<LaunchId>,
     /// `inp_gate` projection of the residual stream.
     pub gate: MatmulPlan,
     /// `gelu(gate) * ple[l]`, written in `proj`'s input format; `None`
@@ -122,8 +131,9 @@ pub struct LayerPlan {
     pub attention: AttnPlan,
     pub o: MatmulPlan,
     /// `x += rmsnorm(y) * post_attention_norm`, then `act = rmsnorm(x) *
-    /// ffn_norm` in `gate_up`'s format.
-    pub attn_residual: LaunchId,
+    /// ffn_norm` in `gate_up`'s format; `None` where the output projection
+    /// runs it in its tail.
+    pub attn_residual: Option<LaunchId>,
     pub gate_up: MatmulPlan,
     /// `gelu(gate) * up` in `down`'s format; `None` when the gate/up GEMV
     /// fuses it.
@@ -137,8 +147,10 @@ pub struct LayerPlan {
     /// layer scalar, then the next layer's input norm in its `qkv` format.
     pub end_with_next_norm: Option<LaunchId>,
     /// The same without the next norm (the last layer, or before the rows
-    /// are compacted).
-    pub end: LaunchId,
+    /// are compacted). `None` with `end_with_next_norm` where the layer's
+    /// last projection (the PLE's, else down) runs the end in its tail,
+    /// with the next layer's input norm where there is a next layer.
+    pub end: Option<LaunchId>,
 }
 
 impl LayerPlan {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use gemtune_kernels::bind::matmul::{gemv_out, MatmulBinding, Prepass};
+use gemtune_kernels::bind::matmul::{gemv_out, gemv_tail, MatmulBinding, Prepass, TailMode};
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::defines::DefineValue;
 use gemtune_kernels::families::scale_expand;
@@ -23,6 +23,14 @@ use crate::cuda::model_dims::{MatDim, ModelDims};
 use crate::cuda::planner::{PlanError, Planner, Resolution, GEMV_BLOCK};
 use crate::cuda::slots::{Proj, Slot, GEMV_MAX_ROWS};
 use crate::cuda::weights::PLANES_F32;
+
+/// The fewest warps a GEMV block must have for the plan to bind a norm
+/// tail on it. The tail is one block's serial work over whole rows: at
+/// 8 warps (256 threads) a pass over a 2560- to 5376-wide row is one or
+/// two batches of loads per thread, while a 2-warp block's first tail took
+/// 16 us against the norm launch's few
+/// (reports/h200-2026-11-28-norm-tail).
+pub(super) const TAIL_MIN_WARPS: i64 = 8;
 
 /// Builds a plan: resolves each distinct launch once.
 pub(super) struct Builder<'a> {
@@ -359,6 +367,53 @@ impl Builder<'_> {
         self.matmul_bound(Proj::Ple, dim, r, true, bound)
     }
 
+    /// The defines that bind projection `proj`'s GEMV to run the sandwich
+    /// norm after it in its last block (`mode`: gemv TAIL=1 with TAIL_OUT),
+    /// or none. A decode bucket of a profile that fuses norm tails
+    /// (`norm_tail = "fused"`) binds them where the slot is one gemv launch
+    /// writing f32 rows of the plain product (FUSE=0, OUT=F32, no tail of
+    /// its own) on blocks of at least `TAIL_MIN_WARPS` warps, and the
+    /// variant validates with them at this problem; otherwise the norm
+    /// stays a launch of its own.
+    fn tail_bound(
+        &self,
+        proj: Proj,
+        dim: MatDim,
+        r: usize,
+        mode: TailMode,
+    ) -> Result<Vec<(&'static str, DefineValue)>, PlanError> {
+        let slot = Slot::matmul(proj, r);
+        if self.prefill || !self.planner.profile.fuse_norm_tail || !self.single_launch(slot, r) {
+            return Ok(vec![]);
+        }
+        let p = Problem::matmul(r, dim.0, dim.1, dim.2);
+        let first = self.planner.resolve(slot, &p, &[])?;
+        let plain = first.family.name() == "gemv"
+            && matches!(first.defines.get("WARPS"), Some(DefineValue::Int(w)) if *w >= TAIL_MIN_WARPS)
+            && first.defines.get("FUSE") == Some(&DefineValue::Int(0))
+            && gemv_out(&first.defines) == Ok(ActFormat::F32)
+            && gemv_tail(&first.defines) == Ok(TailMode::None);
+        let out = match mode {
+            TailMode::None => return Ok(vec![]),
+            TailMode::Residual => "NONE",
+            TailMode::Norm(f) => f.define(),
+        };
+        let bound = vec![
+            ("TAIL", DefineValue::Int(1)),
+            ("TAIL_OUT", DefineValue::Str(out.into())),
+        ];
+        let mut d = first.defines.clone();
+        for (k, v) in &bound {
+            d.insert((*k).into(), v.clone());
+        }
+        let declared = first.family.declared_defines();
+        let takes = ["TAIL", "TAIL_OUT"]
+            .iter()
+            .all(|n| declared.iter().any(|x| x == n))
+            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
+        Ok(if plain && takes { bound } else { vec![] })
+    }
+
     /// Layer `l`'s attention call at `r` rows, its O written in `o_fmt`
     /// where the resolved variant can write it.
     fn attention(&mut self, l: usize, r: usize, o_fmt: ActFormat) -> Result<AttnPlan, PlanError> {
@@ -460,32 +515,67 @@ impl Builder<'_> {
                     capacity: self.sizing.capacity(cfg, l),
                 },
             )?;
-            let o = self.matmul(Proj::O, ld.o, r, attention.out == ActFormat::F32)?;
+            // Dense decode layers run their sandwich norms in the tails of
+            // the projections before them where the profile and variants
+            // allow (`tail_bound`); a MoE layer's norms also sum and fan
+            // out the expert block's operands, so they stay launches.
+            let is_moe = ld.moe.is_some();
+            let dense = |m: TailMode| if is_moe { TailMode::None } else { m };
+            let o_tail = dense(TailMode::Norm(self.input_format(
+                Proj::GateUp,
+                ld.gate_up,
+                r,
+            )?));
+            let o_bound = self.tail_bound(Proj::O, ld.o, r, o_tail)?;
+            let o =
+                self.matmul_bound(Proj::O, ld.o, r, attention.out == ActFormat::F32, o_bound)?;
             let gate_up = self.gate_up(ld.gate_up, ld.down, r)?;
             // A MoE layer's attention residual also writes the router input
             // and the experts' input norm (OUTS=3), and the launch that adds
             // the FFN's output sums the shared MLP's and the experts' halves
             // with their post norms (SUM_IN): the PLE's FFN residual where
             // the layer has one, else the layer's end.
-            let is_moe = ld.moe.is_some();
             let mut residual_bound = norm_bound(gate_up.input, true, true);
             if is_moe {
                 residual_bound.push(("OUTS", DefineValue::Int(3)));
             }
-            let attn_residual = self.push(
-                Slot::RmsNorm,
-                rows_problem(r, d),
-                residual_bound,
-                GridRule::Rows,
-            )?;
+            let attn_residual = match o.tail() {
+                TailMode::None => Some(self.push(
+                    Slot::RmsNorm,
+                    rows_problem(r, d),
+                    residual_bound,
+                    GridRule::Rows,
+                )?),
+                _ => None,
+            };
+            // The layer's end writes the next layer's input norm in its
+            // QKV format.
+            let next_qkv = match dims.layers.get(l + 1).map(|n| n.qkv.first()) {
+                Some(Some(&m)) => Some(self.input_format(Proj::Qkv, m, r)?),
+                Some(None) => Some(ActFormat::F32),
+                None => None,
+            };
+            let end_tail = dense(match next_qkv {
+                Some(f) => TailMode::Norm(f),
+                None => TailMode::Residual,
+            });
             let fused = gate_up.fuses_gelu();
             // A fused gate|up writes f32 (a pre-pass converts it where
             // down reads another format) or down's records itself.
-            let down = self.matmul(
+            // Down runs the FFN residual (before the PLE) or the layer's
+            // end in its tail.
+            let down_tail = if ld.ple.is_some() {
+                dense(TailMode::Residual)
+            } else {
+                end_tail
+            };
+            let down_bound = self.tail_bound(Proj::Down, ld.down, r, down_tail)?;
+            let down = self.matmul_bound(
                 Proj::Down,
                 ld.down,
                 r,
                 fused && gate_up.output() == ActFormat::F32,
+                down_bound,
             )?;
             let gelu = if fused {
                 None
@@ -508,13 +598,17 @@ impl Builder<'_> {
             let end_bound = norm_bound(ActFormat::F32, true, false);
             let ple = match ld.ple {
                 Some((g, p)) => {
-                    let ffn_residual = self.push(
-                        Slot::RmsNorm,
-                        rows_problem(r, d),
-                        sum_in(end_bound.clone(), is_moe),
-                        GridRule::Rows,
-                    )?;
-                    let proj = self.matmul(Proj::Ple, p, r, false)?;
+                    let ffn_residual = match down.tail() {
+                        TailMode::None => Some(self.push(
+                            Slot::RmsNorm,
+                            rows_problem(r, d),
+                            sum_in(end_bound.clone(), is_moe),
+                            GridRule::Rows,
+                        )?),
+                        _ => None,
+                    };
+                    let proj_bound = self.tail_bound(Proj::Ple, p, r, end_tail)?;
+                    let proj = self.matmul_bound(Proj::Ple, p, r, false, proj_bound)?;
                     let gate = self.ple_gate(g, proj.input, r)?;
                     let gelu = if gate.bindings().iter().any(|b| b.side) {
                         None
@@ -535,27 +629,30 @@ impl Builder<'_> {
                 }
                 None => None,
             };
-            let end_with_next_norm = match dims.layers.get(l + 1) {
-                Some(next) => {
-                    let f = match next.qkv.first() {
-                        Some(&m) => self.input_format(Proj::Qkv, m, r)?,
-                        None => ActFormat::F32,
-                    };
-                    Some(self.push(
+            let last = match &ple {
+                Some(pp) => &pp.proj,
+                None => &down,
+            };
+            let (end_with_next_norm, end) = if last.tail() != TailMode::None {
+                (None, None)
+            } else {
+                let with_next = match next_qkv {
+                    Some(f) => Some(self.push(
                         Slot::RmsNorm,
                         rows_problem(r, d),
                         sum_in(norm_bound(f, true, true), end_sums),
                         GridRule::Rows,
-                    )?)
-                }
-                None => None,
+                    )?),
+                    None => None,
+                };
+                let end = self.push(
+                    Slot::RmsNorm,
+                    rows_problem(r, d),
+                    sum_in(end_bound, end_sums),
+                    GridRule::Rows,
+                )?;
+                (with_next, Some(end))
             };
-            let end = self.push(
-                Slot::RmsNorm,
-                rows_problem(r, d),
-                sum_in(end_bound, end_sums),
-                GridRule::Rows,
-            )?;
             layers.push(LayerPlan {
                 input_norm,
                 qkv,

@@ -62,6 +62,8 @@ use super::weights::{self, ProjLayouts, PLANES_F16, PLANES_F32};
 use crate::config::Gemma4Config;
 use crate::work::RowWork;
 use builder::Builder;
+#[cfg(test)]
+use builder::TAIL_MIN_WARPS;
 
 /// Adds the layouts projection `m`'s launches read. A kernel whose scale
 /// plane is expanded per launch reads the GEMV layout's quant and scale

@@ -8,9 +8,10 @@ use super::*;
 use crate::cuda::model_dims::model_bytes;
 use crate::profile::Profile;
 use crate::synth::{self, SynthVariant, WeightType};
+use gemtune_kernels::bind::matmul::TailMode;
 use gemtune_kernels::bind::ActFormat;
 use gemtune_kernels::compile::Arch;
-use gemtune_kernels::defines::DefineValue;
+use gemtune_kernels::defines::{DefineValue, Defines};
 use gemtune_kernels::family::DeviceLimits;
 use gemtune_kernels::family::KvType;
 use gemtune_kernels::quant::GgmlType;
@@ -94,10 +95,20 @@ fn every_bucket_plans_every_layer_and_each_launch_is_resolved_once() {
         assert!(b.per_layer_inputs.is_some(), "E2B has per-layer inputs");
         for (l, lp) in b.layers.iter().enumerate() {
             assert_eq!(lp.ple.is_some(), cfg.ple_dim > 0);
-            assert_eq!(lp.end_with_next_norm.is_some(), l + 1 < cfg.n_layers);
+            // The layer's end is a launch (with the next layer's input
+            // norm where a layer follows), or the tail of its last
+            // projection, in decode buckets only.
+            let last = lp.ple.as_ref().map_or(&lp.down, |pp| &pp.proj);
+            if last.tail() == TailMode::None {
+                assert!(lp.end.is_some());
+                assert_eq!(lp.end_with_next_norm.is_some(), l + 1 < cfg.n_layers);
+            } else {
+                assert!(lp.end.is_none() && lp.end_with_next_norm.is_none());
+                assert!(b.rows <= GEMV_MAX_ROWS);
+            }
             // The MoE modes of the norm stay off on a dense model.
             assert!(lp.moe.is_none());
-            for id in [Some(lp.attn_residual), Some(lp.end), lp.end_with_next_norm]
+            for id in [lp.attn_residual, lp.end, lp.end_with_next_norm]
                 .into_iter()
                 .flatten()
             {
@@ -761,4 +772,141 @@ fn the_ple_gate_multiplies_its_own_gelu_in_decode() {
         bad.to_string().contains("write \"fused\" or \"separate\""),
         "{bad}"
     );
+}
+
+/// `norm_tail = "fused"` (`main`): in a dense model's decode buckets the
+/// output projection runs the attention residual and the FFN input norm in
+/// its tail (TAIL_OUT = gate|up's input format), down the FFN residual
+/// before the PLE (TAIL_OUT=NONE) or the layer's end, the PLE projection
+/// the layer's end, the end writing the next layer's input norm in its QKV
+/// format (the last layer: the residual only), wherever the projection's
+/// variant runs blocks of at least `TAIL_MIN_WARPS` warps; the norm it
+/// runs is then no launch. Elsewhere, in prefill buckets, in a MoE layer
+/// and under `norm-tail-separate` every norm is a launch. Which
+/// projections carry a tail follows the profile's slots: all three on
+/// `norm-tail`'s E2B/E4B Q8_0, output and down on main's Q4_0, none on
+/// main's Q8_0 (2- and 4-warp blocks) and k-quant slots.
+#[test]
+fn decode_projections_run_the_norm_after_them_in_their_tail() {
+    let defines = |plan: &ForwardPlan, m: &MatmulPlan| -> Option<Defines> {
+        match &m.exec {
+            MatmulExec::Kernel { launch, .. } => Some(plan.launches[*launch].res.defines.clone()),
+            _ => None,
+        }
+    };
+    let int = |d: &Defines, k: &str| match d.get(k) {
+        Some(DefineValue::Int(v)) => *v,
+        other => panic!("{k} = {other:?}"),
+    };
+    let separate = "../variants/profiles/norm-tail-separate.toml";
+    // (o, down, PLE projection) tailed in the decode buckets.
+    let all = (true, true, true);
+    let none = (false, false, false);
+    for (v, w, profile, want) in [
+        (SynthVariant::E4b, WeightType::Q8_0, "norm-tail", all),
+        (SynthVariant::E2b, WeightType::Q8_0, "norm-tail", all),
+        (
+            SynthVariant::B31,
+            WeightType::Q4_0,
+            "main",
+            (true, true, false),
+        ),
+        (
+            SynthVariant::B12,
+            WeightType::Q4_0,
+            "main",
+            (true, true, false),
+        ),
+        (
+            SynthVariant::E4b,
+            WeightType::Q4_0,
+            "main",
+            (true, true, false),
+        ),
+        (SynthVariant::E4b, WeightType::Q8_0, "main", none),
+        (SynthVariant::E4b, WeightType::Q4KM, "main", none),
+        (SynthVariant::E4b, WeightType::Q8_0, separate, none),
+        (SynthVariant::B31, WeightType::Q4_0, separate, none),
+    ] {
+        let cfg = synth::preset(v);
+        let what = format!("{v:?} {w:?} {profile}");
+        let (plan, _) = synth_plan(profile, &cfg, w, &what);
+        let mut tailed = 0;
+        for b in &plan.buckets {
+            let n = b.layers.len();
+            for (l, lp) in b.layers.iter().enumerate() {
+                let at = format!("{what} bucket {} layer {l}", b.rows);
+                let last = lp.ple.as_ref().map_or(&lp.down, |pp| &pp.proj);
+                let decode = b.rows <= GEMV_MAX_ROWS;
+                let o = decode && want.0;
+                let (down, ple) = if lp.ple.is_some() {
+                    (decode && want.1, decode && want.2)
+                } else {
+                    (decode && want.1, decode && want.1)
+                };
+                // Each bound tail sits on a block of 8 warps or more.
+                for m in [&lp.o, &lp.down, last] {
+                    if m.tail() != TailMode::None {
+                        let d = defines(&plan, m).expect("a tail is one launch");
+                        assert_eq!(int(&d, "TAIL"), 1, "{at}");
+                        assert!(int(&d, "WARPS") >= TAIL_MIN_WARPS, "{at}");
+                    }
+                }
+                tailed += usize::from(o);
+                if o {
+                    assert_eq!(lp.o.tail(), TailMode::Norm(lp.gate_up.input), "{at}");
+                    let out = lp.gate_up.input.define().to_string();
+                    let d = defines(&plan, &lp.o).expect("o");
+                    assert_eq!(d.get("TAIL_OUT"), Some(&DefineValue::Str(out)), "{at}");
+                    assert!(lp.attn_residual.is_none(), "{at}");
+                } else {
+                    assert_eq!(lp.o.tail(), TailMode::None, "{at}");
+                    assert!(lp.attn_residual.is_some(), "{at}");
+                }
+                if let Some(pp) = &lp.ple {
+                    assert_eq!(
+                        lp.down.tail(),
+                        if down {
+                            TailMode::Residual
+                        } else {
+                            TailMode::None
+                        },
+                        "{at}"
+                    );
+                    assert_eq!(pp.ffn_residual.is_none(), down, "{at}");
+                }
+                let end_in_tail = if lp.ple.is_some() { ple } else { down };
+                if end_in_tail {
+                    let end = match b.layers.get(l + 1) {
+                        Some(next) => TailMode::Norm(next.qkv_input()),
+                        None => TailMode::Residual,
+                    };
+                    assert_eq!(last.tail(), end, "{at}");
+                    assert!(lp.end.is_none() && lp.end_with_next_norm.is_none(), "{at}");
+                } else {
+                    assert_eq!(last.tail(), TailMode::None, "{at}");
+                    assert!(lp.end.is_some(), "{at}");
+                    assert_eq!(lp.end_with_next_norm.is_some(), l + 1 < n, "{at}");
+                }
+            }
+        }
+        assert_eq!(tailed > 0, want.0, "{what}: {tailed} tailed decode layers");
+    }
+    assert!(Profile::load("main").expect("main").fuse_norm_tail);
+    assert!(
+        Profile::load("norm-tail")
+            .expect("norm-tail")
+            .fuse_norm_tail
+    );
+    assert!(
+        !Profile::load(separate)
+            .expect("norm-tail-separate")
+            .fuse_norm_tail
+    );
+    let bad = Profile::parse(
+        "bad.toml",
+        "name = \"bad\"\nbase = \"main\"\nnorm_tail = \"late\"\n",
+    )
+    .expect_err("an unknown norm_tail");
+    assert!(bad.to_string().contains("norm_tail = \"late\""), "{bad}");
 }

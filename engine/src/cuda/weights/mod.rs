@@ -48,7 +48,7 @@
 //! device matrix.
 
 use gemtune_kernels::bind::matmul::{
-    MatmulBinding, MatmulFamily, Prepass, ScaleType, WeightLayout, Weights,
+    MatmulBinding, MatmulFamily, Prepass, ScaleType, TailMode, WeightLayout, Weights,
 };
 use gemtune_kernels::bind::{ActFormat, NULL};
 use gemtune_kernels::family::WType;
@@ -132,6 +132,7 @@ fn layout_binding(layout: WeightLayout) -> MatmulBinding {
         matrices: 1,
         side: false,
         out: ActFormat::F32,
+        tail: TailMode::None,
     }
 }
 
