@@ -264,13 +264,17 @@ mod tests {
     use gemtune_kernels::compile::Arch;
     use gemtune_kernels::quant::GgmlType;
 
-    /// A tuned entry's defines land over the family's defaults, so a
-    /// define the family gained after the table was written (gemv's OUT)
-    /// still reaches the compiler, and the call site's bound defines win.
-    #[test]
-    fn tuned_entries_take_the_defaults_of_defines_they_predate() {
+    /// The built-in sm_90 table, each entry edited by `edit`.
+    fn builtin_tuned(edit: impl Fn(&mut crate::tuned::TunedEntry)) -> TunedFile {
         let (arch, text) = crate::cuda::engine::BUILTIN_TUNED[0];
-        let tuned = TunedFile::parse(arch, text).expect("tuned table");
+        let mut tuned = TunedFile::parse(arch, text).expect("tuned table");
+        tuned.entries.iter_mut().for_each(edit);
+        tuned
+    }
+
+    /// The dp4a profile's Q8_0 down projection at one token (e4b.ffn_down),
+    /// which the table has an entry for, resolved over `tuned`.
+    fn tuned_down(tuned: TunedFile) -> Resolution {
         let planner = Planner::new(
             Profile::load("dp4a").expect("dp4a"),
             Some(tuned),
@@ -281,6 +285,15 @@ mod tests {
             .resolve(Slot::matmul(crate::cuda::slots::Proj::Down, 1), &p, &[])
             .expect("resolves");
         assert!(r.why.starts_with("tuned"), "{}", r.why);
+        r
+    }
+
+    /// A tuned entry's defines land over the family's defaults, so a
+    /// define the family gained after the table was written (gemv's OUT)
+    /// still reaches the compiler, and the call site's bound defines win.
+    #[test]
+    fn tuned_entries_take_the_defaults_of_defines_they_predate() {
+        let r = tuned_down(builtin_tuned(|_| {}));
         assert_eq!(r.defines.get("OUT"), Some(&DefineValue::Str("F32".into())));
         assert_eq!(
             r.defines.get("WTYPE"),
@@ -299,25 +312,12 @@ mod tests {
     /// with the family's default for it: only the call site binds one.
     #[test]
     fn tuned_entries_do_not_carry_call_site_defines() {
-        let (arch, text) = crate::cuda::engine::BUILTIN_TUNED[0];
-        let mut tuned = TunedFile::parse(arch, text).expect("tuned table");
-        for e in &mut tuned.entries {
-            e.defines.insert("TAIL".into(), TunedDefine::Int(1));
-            e.defines
-                .insert("TAIL_OUT".into(), TunedDefine::Str("Q8_SPLIT".into()));
-            e.defines
-                .insert("OUT".into(), TunedDefine::Str("Q8_SPLIT".into()));
-        }
-        let planner = Planner::new(
-            Profile::load("dp4a").expect("dp4a"),
-            Some(tuned),
-            DeviceLimits::for_arch(Arch(90)),
-        );
-        let p = Problem::matmul(1, 2560, 10240, GgmlType::Q8_0);
-        let r = planner
-            .resolve(Slot::matmul(crate::cuda::slots::Proj::Down, 1), &p, &[])
-            .expect("resolves");
-        assert!(r.why.starts_with("tuned"), "{}", r.why);
+        let r = tuned_down(builtin_tuned(|e| {
+            let d = &mut e.defines;
+            d.insert("TAIL".into(), TunedDefine::Int(1));
+            d.insert("TAIL_OUT".into(), TunedDefine::Str("Q8_SPLIT".into()));
+            d.insert("OUT".into(), TunedDefine::Str("Q8_SPLIT".into()));
+        }));
         assert_eq!(r.defines.get("TAIL"), Some(&DefineValue::Int(0)));
         assert_eq!(
             r.defines.get("TAIL_OUT"),
