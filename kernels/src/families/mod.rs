@@ -10,6 +10,7 @@ pub mod gelu_mul;
 pub mod gemm_dq;
 pub mod gemm_wgmma;
 pub mod gemv;
+mod gemv_tail;
 pub(crate) mod memo;
 pub mod mmq;
 pub mod moe_gemm;
