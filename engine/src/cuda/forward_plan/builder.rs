@@ -310,7 +310,7 @@ impl Builder<'_> {
             // The fused kernel's outputs: one per row pair (gate, up).
             let outputs = Problem::matmul(r, dim.0 / 2, dim.1, dim.2);
             let records = DefineValue::Str(ActFormat::Q8Split.define().into());
-            if fused && self.takes(&first, "OUT", records, &outputs) {
+            if fused && self.takes(&first, &[("OUT", records)], &outputs) {
                 bound = out_bound(ActFormat::Q8Split);
             }
         }
@@ -324,14 +324,19 @@ impl Builder<'_> {
         !(self.planner.vendor(slot) || (self.planner.row_chunked(slot) && r > GEMV_BLOCK))
     }
 
-    /// Whether the variant `res` declares `name` and validates at `p` with
-    /// `name = value` laid over its defines: what a call site checks before
-    /// it binds a define the slot's entry does not state.
-    fn takes(&self, res: &Resolution, name: &str, value: DefineValue, p: &Problem) -> bool {
+    /// Whether the variant `res` declares every define of `bound` and
+    /// validates at `p` with them laid over its defines: what a call site
+    /// checks before it binds defines the slot's entry does not state.
+    fn takes(&self, res: &Resolution, bound: &[(&str, DefineValue)], p: &Problem) -> bool {
+        let declared = res.family.declared_defines();
         let mut d = res.defines.clone();
-        d.insert(name.into(), value);
-        res.family.declared_defines().iter().any(|x| x == name)
-            && res.family.validate(&d, p, &self.planner.limits).is_ok()
+        for (name, value) in bound {
+            if !declared.iter().any(|x| x == name) {
+                return false;
+            }
+            d.insert((*name).into(), value.clone());
+        }
+        res.family.validate(&d, p, &self.planner.limits).is_ok()
     }
 
     /// The PLE gate at `r` rows. In a decode bucket of a profile that fuses
@@ -358,7 +363,7 @@ impl Builder<'_> {
         let fusable = first.family.name() == "gemv"
             && first.defines.get("FUSE") == Some(&DefineValue::Int(0))
             && gemv_out(&first.defines) == Ok(ActFormat::F32)
-            && self.takes(&first, "FUSE", DefineValue::Int(2), &p);
+            && self.takes(&first, &[("FUSE", DefineValue::Int(2))], &p);
         let bound = if fusable {
             vec![("FUSE", DefineValue::Int(2))]
         } else {
@@ -402,16 +407,11 @@ impl Builder<'_> {
             ("TAIL", DefineValue::Int(1)),
             ("TAIL_OUT", DefineValue::Str(out.into())),
         ];
-        let mut d = first.defines.clone();
-        for (k, v) in &bound {
-            d.insert((*k).into(), v.clone());
-        }
-        let declared = first.family.declared_defines();
-        let takes = ["TAIL", "TAIL_OUT"]
-            .iter()
-            .all(|n| declared.iter().any(|x| x == n))
-            && first.family.validate(&d, &p, &self.planner.limits).is_ok();
-        Ok(if plain && takes { bound } else { vec![] })
+        Ok(if plain && self.takes(&first, &bound, &p) {
+            bound
+        } else {
+            vec![]
+        })
     }
 
     /// Layer `l`'s attention call at `r` rows, its O written in `o_fmt`
@@ -423,8 +423,7 @@ impl Builder<'_> {
         let p = Problem::Attention(a);
         let first = self.planner.resolve(slot, &p, &[])?;
         let q16 = first.defines.get("Q16") == Some(&DefineValue::Int(1));
-        let writes = o_fmt != ActFormat::F32
-            && self.takes(&first, "OUT", DefineValue::Str(o_fmt.define().into()), &p);
+        let writes = o_fmt != ActFormat::F32 && self.takes(&first, &out_bound(o_fmt), &p);
         let out = if writes { o_fmt } else { ActFormat::F32 };
         let capacity = self.sizing.capacity(self.cfg, l);
         let launch = self.push(slot, p, out_bound(out), GridRule::AttnRows { capacity })?;
