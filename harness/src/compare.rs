@@ -304,7 +304,10 @@ impl Side {
                             timing,
                             timing_name: "median_us",
                             verdict: Some((r.verdict.clone(), r.reason.clone())),
-                            provenance: format!("{} / NVRTC {}", r.device, r.nvrtc_version),
+                            provenance: format!(
+                                "{} / NVRTC {} / {} launches",
+                                r.device, r.nvrtc_version, r.launches
+                            ),
                             ..Entry::default()
                         },
                     ));

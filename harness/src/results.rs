@@ -24,6 +24,10 @@ pub const KIND_REFERENCE: &str = "reference";
 /// `verdict` of a row that holds a measurement.
 pub const VERDICT_TIMED: &str = "timed";
 
+fn default_launches() -> String {
+    "stream".to_string()
+}
+
 fn default_kind() -> String {
     KIND_VARIANT.to_string()
 }
@@ -138,6 +142,10 @@ pub struct TuneRow {
     pub launches_per_sample: usize,
     /// Resident blocks per SM the driver reports for the launch.
     pub blocks_per_sm: u32,
+    /// How the sample's launches were enqueued: stream | graph | chained
+    /// (`timing::Launches`; files written before the column: stream).
+    #[serde(default = "default_launches")]
+    pub launches: String,
     pub device: String,
     pub cc: String,
     pub sm_count: u32,

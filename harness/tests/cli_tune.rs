@@ -138,3 +138,62 @@ fn tune_writes_reference_rows_and_clocks() {
     let md = std::fs::read_to_string(out2.join("summary.md")).unwrap();
     assert!(md.contains("off (--no-reference)"), "{md}");
 }
+
+/// `--launches graph` and `--launches chained` time each sample's calls
+/// replayed from a CUDA graph: every timed row records its mode and the
+/// mode's launch floor, the summary names the mode, and a resumed run in
+/// another mode does not reuse the first mode's timings.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tune_records_its_launch_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    let run = |mode: &str| {
+        let o = common::gemtune()
+            .current_dir(common::repo_root())
+            .args([
+                "tune",
+                "gemv",
+                "--shapes",
+                "edge.toml",
+                "--shape",
+                "edge.partial",
+            ])
+            .args(["--variant", "baseline", "--tokens", "1", "--regime", "dram"])
+            .args(["--budget-ms", "20", "--min-reps", "10", "--max-reps", "40"])
+            .args(["--no-reference", "--launches", mode, "--out"])
+            .arg(&out)
+            .output()
+            .expect("run gemtune");
+        let log = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(o.status.code(), Some(0), "tune --launches {mode}:\n{log}");
+        let rows: Vec<TuneRow> = read_csv(&out.join("results.csv")).expect("results.csv");
+        let timed: Vec<&TuneRow> = rows.iter().filter(|r| r.is_timed()).collect();
+        assert!(!timed.is_empty(), "--launches {mode}: no timed row:\n{log}");
+        for r in &timed {
+            assert_eq!(r.launches, mode, "{} {}", r.variant, r.shape);
+            assert!(
+                r.launch_floor_us > 0.0,
+                "{mode}: launch floor {}",
+                r.launch_floor_us
+            );
+            assert!(r.median_us > 0.0 && r.median_us.is_finite());
+        }
+        let md = std::fs::read_to_string(out.join("summary.md")).expect("summary.md");
+        assert!(md.contains(&format!("launches: {mode}")), "{md}");
+        timed
+            .iter()
+            .map(|r| r.samples_us.clone())
+            .collect::<Vec<_>>()
+    };
+    let graph = run("graph");
+    let chained = run("chained");
+    assert_ne!(
+        graph, chained,
+        "the chained run reused the graph run's samples"
+    );
+}

@@ -100,6 +100,7 @@ fn tune_row(
         dyn_smem: 49152,
         launches_per_sample: 7,
         blocks_per_sm: 2,
+        launches: "stream".into(),
         device: "NVIDIA H100 80GB HBM3".into(),
         cc: "9.0".into(),
         sm_count: 132,

@@ -12,6 +12,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -84,6 +85,11 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
+    /// Whether plain launches are enqueued as programmatic dependents of a
+    /// kernel launch just before them (`set_chained_launches`).
+    chain_on: AtomicBool,
+    /// Whether the last operation enqueued on the stream was a kernel launch.
+    after_kernel: AtomicBool,
 }
 
 impl Gpu {
@@ -139,7 +145,32 @@ impl Gpu {
                 attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
             ),
         };
-        Ok(Gpu { ctx, stream, info })
+        Ok(Gpu {
+            ctx,
+            stream,
+            info,
+            chain_on: AtomicBool::new(false),
+            after_kernel: AtomicBool::new(false),
+        })
+    }
+
+    /// Chained launches (timing in the engine's decode mode): while on, every
+    /// `launch` that directly follows another kernel launch on the stream is
+    /// enqueued as a programmatic dependent of it, as `launch_dependent`
+    /// does; a launch after any other stream operation (a fill, a copy, an
+    /// event) stays in stream order, since only a kernel's completion can be
+    /// awaited by `griddepcontrol.wait`. Every kernel of this repository
+    /// waits before it touches memory another grid writes (`pdl_enter`), so
+    /// the results are those of stream order. Off by default.
+    pub fn set_chained_launches(&self, on: bool) {
+        self.chain_on.store(on, Ordering::Relaxed);
+        self.after_kernel.store(false, Ordering::Relaxed);
+    }
+
+    /// Records that a stream operation other than a kernel launch was
+    /// enqueued: the next chained launch waits in stream order.
+    fn other_op(&self) {
+        self.after_kernel.store(false, Ordering::Relaxed);
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -295,6 +326,7 @@ impl Gpu {
     /// while buffers come and go).
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, GpuError> {
         self.bind()?;
+        self.other_op();
         // SAFETY: stream-ordered allocation on this GPU's live stream; freed
         // once, on the same stream, in DeviceBuffer::drop.
         let ptr = drv("cuMemAllocAsync", unsafe {
@@ -330,6 +362,7 @@ impl Gpu {
             )));
         }
         self.bind()?;
+        self.other_op();
         // SAFETY: bounds checked above; the pinned source lives in `data`,
         // which the caller keeps until the stream passes the copy.
         drv("cuMemcpyHtoDAsync", unsafe {
@@ -357,6 +390,7 @@ impl Gpu {
             )));
         }
         self.bind()?;
+        self.other_op();
         // SAFETY: the range was checked against the live buffer above.
         unsafe { sys::cuMemsetD32Async(dst.ptr + offset as u64, pattern, words, self.stream()) }
             .result()
@@ -384,6 +418,7 @@ impl Gpu {
             )));
         }
         self.bind()?;
+        self.other_op();
         // SAFETY: bounds checked above; the pinned destination outlives the
         // copy because the caller synchronizes before reading or dropping it.
         drv("cuMemcpyDtoHAsync", unsafe {
@@ -412,6 +447,7 @@ impl Gpu {
             )));
         }
         self.bind()?;
+        self.other_op();
         // SAFETY: both ranges were checked against their buffers.
         drv("cuMemcpyDtoDAsync", unsafe {
             result::memcpy_dtod_async(
@@ -468,6 +504,7 @@ impl Gpu {
     /// poison outputs with NaN before a run).
     pub fn fill_u32(&self, dst: &DeviceBuffer, pattern: u32) -> Result<(), GpuError> {
         self.bind()?;
+        self.other_op();
         // SAFETY: the buffer holds at least bytes/4 words.
         unsafe { sys::cuMemsetD32Async(dst.ptr, pattern, dst.bytes / 4, self.stream()) }
             .result()
@@ -480,6 +517,7 @@ impl Gpu {
     /// Device-to-device copy of `src` into `dst` (same length) on the stream.
     pub fn copy(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), GpuError> {
         self.bind()?;
+        self.other_op();
         let n = dst.bytes.min(src.bytes);
         // SAFETY: both buffers hold at least n bytes.
         drv("cuMemcpyDtoDAsync", unsafe {
@@ -506,7 +544,10 @@ impl Gpu {
         geo: &LaunchGeometry,
         args: &[KArg],
     ) -> Result<(), GpuError> {
-        self.launch_function_as(f, geo, args, false)
+        let chained = self.chain_on.load(Ordering::Relaxed)
+            && self.after_kernel.load(Ordering::Relaxed)
+            && self.arch().0 >= 90;
+        self.launch_function_as(f, geo, args, chained)
     }
 
     /// Enqueues one launch of `geo.kernel` from `m` as a programmatic
@@ -545,6 +586,7 @@ impl Gpu {
         args: &[KArg],
         programmatic: bool,
     ) -> Result<(), GpuError> {
+        self.after_kernel.store(true, Ordering::Relaxed);
         let mut vals: Vec<[u64; 1]> = args
             .iter()
             .map(|a| match *a {
@@ -638,6 +680,7 @@ impl Gpu {
 
     /// Records `e` on this GPU's stream.
     pub fn record(&self, e: &Event) -> Result<(), GpuError> {
+        self.other_op();
         // SAFETY: both handles are live.
         drv("cuEventRecord", unsafe {
             result::event::record(e.ev, self.stream())
@@ -651,6 +694,7 @@ impl Gpu {
     /// dependency between captured streams. Outside capture it records as
     /// `record` does.
     pub fn record_external(&self, e: &Event) -> Result<(), GpuError> {
+        self.other_op();
         let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
         // SAFETY: both handles are live; the flag is one the driver defines.
         drv("cuEventRecordWithFlags", unsafe {

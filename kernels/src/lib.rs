@@ -54,6 +54,7 @@ pub use family::{
 pub use gpu::{DeviceInfo, Gpu, GpuError};
 pub use pool::{compile_all, CompileJob, PoolReport};
 pub use timing::{
-    measure_ceilings, time_variant, time_workload, Ceilings, Regime, Timeable, Timing, TimingConfig,
+    measure_ceilings, time_variant, time_workload, Ceilings, Launches, Regime, Timeable, Timing,
+    TimingConfig,
 };
 pub use workload::OpKind;

@@ -4,6 +4,16 @@
 //! pair of events and divides: for kernels of a few microseconds a pair of
 //! events per launch would measure the event overhead, not the kernel.
 //! Samples are enqueued in chunks so the host stays ahead of the GPU.
+//!
+//! How a sample's launches reach the GPU is the timing's `Launches` mode:
+//! enqueued on the stream one by one (`stream`: every launch pays the
+//! host's enqueue and the GPU's launch gap, as an eager engine does), or
+//! captured once into a CUDA graph that each sample replays (`graph`: the
+//! launch gaps of the engine's captured decode step), optionally with each
+//! launch a programmatic dependent of the one before (`chained`: the
+//! engine's chained decode step, whose next grid becomes resident while the
+//! one ahead drains). A kernel of a few microseconds measures very
+//! differently in the three, so every `Timing` says which it was.
 
 use crate::compile::{compile_source, default_cache_dir, CompiledVariant};
 use crate::defines::{DefineValue, Defines};
@@ -24,6 +34,39 @@ pub enum Regime {
     Dram,
 }
 
+/// How the launches of a sample are enqueued (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Launches {
+    /// One stream launch per call.
+    #[default]
+    Stream,
+    /// The sample's launches captured into a CUDA graph, replayed per sample.
+    Graph,
+    /// As `Graph`, each launch after a kernel a programmatic dependent of it
+    /// (PDL on sm_90 and later; stream order below).
+    Chained,
+}
+
+impl Launches {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launches::Stream => "stream",
+            Launches::Graph => "graph",
+            Launches::Chained => "chained",
+        }
+    }
+    /// Parses `stream` | `graph` | `chained`.
+    pub fn parse(s: &str) -> Option<Launches> {
+        match s {
+            "stream" => Some(Launches::Stream),
+            "graph" => Some(Launches::Graph),
+            "chained" => Some(Launches::Chained),
+            _ => None,
+        }
+    }
+}
+
 /// Seed of the inputs a timed call runs on (values do not change the time
 /// of these kernels; one fixed seed keeps runs comparable).
 pub const TIMING_SEED: u64 = 0x5eed_0001;
@@ -37,6 +80,9 @@ pub struct TimingConfig {
     pub target_rel_spread: f64,
     /// Stop sampling after this much measured GPU time.
     pub budget_ms: f64,
+    /// How a sample's launches are enqueued.
+    #[serde(default)]
+    pub launches: Launches,
 }
 
 impl Default for TimingConfig {
@@ -47,6 +93,7 @@ impl Default for TimingConfig {
             max_reps: 200,
             target_rel_spread: 0.03,
             budget_ms: 500.0,
+            launches: Launches::Stream,
         }
     }
 }
@@ -62,6 +109,9 @@ pub struct Timing {
     pub ops_per_call: u64,
     pub op_kind: OpKind,
     pub launches_per_sample: usize,
+    /// How the launches of a sample were enqueued.
+    #[serde(default)]
+    pub launches: Launches,
     /// Resident CTAs per SM the driver reports for this launch (0 when not
     /// known, e.g. for a vendor-library call).
     pub blocks_per_sm: u32,
@@ -233,15 +283,31 @@ pub fn time_workload(
     if copies > 1 {
         lps = lps.div_ceil(copies) * copies;
     }
+    // Graph modes: one sample's launches, captured once (lps is a whole
+    // number of rotations, so each replay reads every weight copy).
+    let graph = match cfg.launches {
+        Launches::Stream => None,
+        Launches::Graph | Launches::Chained => Some(capture_sample(
+            gpu,
+            &*wl,
+            lps,
+            cfg.launches == Launches::Chained,
+        )?),
+    };
     let chunk = 10usize;
     let events: Vec<_> = (0..=chunk).map(|_| gpu.event()).collect::<Result<_, _>>()?;
     let mut counter = 0usize;
     let mut run_chunk = |wl: &dyn Timeable| -> Result<Vec<f64>, GpuError> {
         gpu.record(&events[0])?;
         for e in &events[1..] {
-            for _ in 0..lps {
-                launch(wl, counter)?;
-                counter += 1;
+            match &graph {
+                Some(g) => g.launch()?,
+                None => {
+                    for _ in 0..lps {
+                        launch(wl, counter)?;
+                        counter += 1;
+                    }
+                }
             }
             gpu.record(e)?;
         }
@@ -298,6 +364,7 @@ pub fn time_workload(
         ops_per_call: wl.ops_per_call(),
         op_kind: wl.op_kind(),
         launches_per_sample: lps,
+        launches: cfg.launches,
         blocks_per_sm: 0,
         regime,
         note,
@@ -305,6 +372,33 @@ pub fn time_workload(
         measured_from_s,
         measured_to_s,
     })
+}
+
+/// Captures `lps` calls of `wl` (weight copies in rotation from copy 0)
+/// into a graph, with chained launches when `chained`. The capture is
+/// ended and chaining switched off whatever happens, so a failed enqueue
+/// leaves the stream usable.
+fn capture_sample(
+    gpu: &Gpu,
+    wl: &dyn Timeable,
+    lps: usize,
+    chained: bool,
+) -> Result<crate::runtime::Graph, GpuError> {
+    let copies = wl.weight_copies().max(1);
+    gpu.synchronize()?;
+    gpu.begin_capture()?;
+    gpu.set_chained_launches(chained);
+    let enqueued = (0..lps).try_for_each(|i| wl.enqueue(gpu, i % copies));
+    gpu.set_chained_launches(false);
+    let graph = gpu.end_capture();
+    enqueued.map_err(|e| {
+        GpuError::Other(format!("capturing the sample's launches into a graph: {e}"))
+    })?;
+    let graph = graph?;
+    // One replay before any is timed: the graph's first launch uploads it.
+    graph.launch()?;
+    gpu.synchronize()?;
+    Ok(graph)
 }
 
 /// Measured read-bandwidth ceilings.
@@ -322,6 +416,25 @@ pub struct Ceilings {
     /// dependent launches cannot take less than k floors.
     #[serde(default)]
     pub launch_floor_us: f64,
+    /// The same empty launches captured into a CUDA graph and replayed (the
+    /// `graph` launch mode), us per launch; 0 when not measured.
+    #[serde(default)]
+    pub graph_launch_floor_us: f64,
+    /// As `graph_launch_floor_us` with each launch a programmatic dependent
+    /// of the one before (the `chained` mode).
+    #[serde(default)]
+    pub chained_launch_floor_us: f64,
+}
+
+impl Ceilings {
+    /// The launch floor of a launch mode, us per launch (0: not measured).
+    pub fn launch_floor_for(&self, mode: Launches) -> f64 {
+        match mode {
+            Launches::Stream => self.launch_floor_us,
+            Launches::Graph => self.graph_launch_floor_us,
+            Launches::Chained => self.chained_launch_floor_us,
+        }
+    }
 }
 
 /// HBM and L2 read bandwidth with the 16-byte-load stream kernel
@@ -405,12 +518,41 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<Ceilings, GpuError> {
         .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64 * 1000.0 / 200.0))
         .collect::<Result<_, _>>()?;
     t.sort_by(f64::total_cmp);
+    let launch_floor_us = quantile_sorted(&t, 0.5);
+    // The same 200 empty launches captured into a graph, replayed 11 times:
+    // plain, then chained.
+    let graph_floor = |chained: bool| -> Result<f64, GpuError> {
+        gpu.synchronize()?;
+        gpu.begin_capture()?;
+        gpu.set_chained_launches(chained);
+        let enqueued = (0..200).try_for_each(|_| gpu.launch(&module, &floor_geo, &empty));
+        gpu.set_chained_launches(false);
+        let graph = gpu.end_capture();
+        enqueued?;
+        let graph = graph?;
+        graph.launch()?;
+        gpu.record(&evs[0])?;
+        for e in &evs[1..] {
+            graph.launch()?;
+            gpu.record(e)?;
+        }
+        let mut t: Vec<f64> = evs
+            .windows(2)
+            .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64 * 1000.0 / 200.0))
+            .collect::<Result<_, _>>()?;
+        t.sort_by(f64::total_cmp);
+        Ok(quantile_sorted(&t, 0.5))
+    };
+    let graph_launch_floor_us = graph_floor(false)?;
+    let chained_launch_floor_us = graph_floor(true)?;
     gpu.check_async()?;
     Ok(Ceilings {
         hbm_read_gbps: hbm,
         l2_read_gbps: l2bw,
         hbm_buffer_bytes: hbm_bytes,
         l2_buffer_bytes: l2_bytes,
-        launch_floor_us: quantile_sorted(&t, 0.5),
+        launch_floor_us,
+        graph_launch_floor_us,
+        chained_launch_floor_us,
     })
 }

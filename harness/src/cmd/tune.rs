@@ -50,7 +50,7 @@ use gemtune_kernels::defines::canonical;
 use gemtune_kernels::gpu::{DeviceInfo, Gpu};
 use gemtune_kernels::reference::{time_reference, Cublas};
 use gemtune_kernels::timing::{
-    measure_ceilings, time_variant, Ceilings, Regime, Timing, TimingConfig,
+    measure_ceilings, time_variant, Ceilings, Launches, Regime, Timing, TimingConfig,
 };
 use gemtune_kernels::workload::OpKind;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -65,6 +65,23 @@ pub enum RegimeArg {
     Both,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LaunchesArg {
+    Stream,
+    Graph,
+    Chained,
+}
+
+impl LaunchesArg {
+    pub fn mode(self) -> Launches {
+        match self {
+            LaunchesArg::Stream => Launches::Stream,
+            LaunchesArg::Graph => Launches::Graph,
+            LaunchesArg::Chained => Launches::Chained,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Family, or a comma list (e.g. mmq,gemm_dq to compare both algorithms in one report).
@@ -74,6 +91,13 @@ pub struct Args {
     pub shapes: Vec<String>,
     #[arg(long, value_enum, default_value = "both")]
     pub regime: RegimeArg,
+    /// How a sample's launches are enqueued: `stream` (one launch at a
+    /// time, as an eager engine), `graph` (captured once into a CUDA graph
+    /// and replayed, as the engine's captured decode step) or `chained`
+    /// (the graph with each launch a programmatic dependent of the one
+    /// before, as the engine's chained decode step). Every row records it.
+    #[arg(long, value_enum, default_value = "stream")]
+    pub launches: LaunchesArg,
     /// Only these variant ids ("NAME*" matches a prefix); repeatable.
     #[arg(long = "variant")]
     pub variants: Vec<String>,
@@ -131,6 +155,7 @@ struct RunCtx<'a> {
     nvrtc: String,
     seed: u64,
     sampler: Option<&'a ClockSampler>,
+    launches: Launches,
 }
 
 /// Who a row is about: a variant of a family, or a vendor reference.
@@ -209,13 +234,14 @@ fn untimed_row(
         roof_why: String::new(),
         hbm_gbps: cx.ceil.hbm_read_gbps,
         l2_gbps: cx.ceil.l2_read_gbps,
-        launch_floor_us: cx.ceil.launch_floor_us,
+        launch_floor_us: cx.ceil.launch_floor_for(cx.launches),
         registers: id.resources.0,
         spill_bytes: id.resources.1,
         static_smem: id.resources.2,
         dyn_smem: id.resources.3,
         launches_per_sample: 0,
         blocks_per_sm: 0,
+        launches: cx.launches.name().to_string(),
         device: cx.info.name.clone(),
         cc: format!("{}.{}", cx.info.cc.0, cx.info.cc.1),
         sm_count: cx.info.sm_count,
@@ -312,6 +338,7 @@ fn timed_row(cx: &RunCtx<'_>, id: Ident<'_>, t: &Timing) -> TuneRow {
     row.intensity = v.intensity;
     row.roof_why = v.why;
     row.launches_per_sample = t.launches_per_sample;
+    row.launches = t.launches.name().to_string();
     row.blocks_per_sm = t.blocks_per_sm;
     row.timing_note = t.note.clone();
     row.samples_us = join_samples(&t.samples_us);
@@ -455,6 +482,7 @@ impl<'a> TuneWorker<'a> {
                 budget_ms: a.budget_ms,
                 min_reps: a.min_reps,
                 max_reps: a.max_reps,
+                launches: a.launches.mode(),
                 ..TimingConfig::default()
             },
         })
@@ -513,6 +541,7 @@ impl<'a> TuneWorker<'a> {
                     nvrtc: self.nvrtc.clone(),
                     seed: self.seed,
                     sampler: self.sampler.as_ref(),
+                    launches: self.cfg.launches,
                 };
                 let ident = Ident {
                     kind: KIND_VARIANT,
@@ -670,8 +699,18 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         nvrtc: nvrtc.clone(),
         target: opts.target.clone(),
         params: format!(
-            "tune check_max_m={} budget_ms={} min_reps={} max_reps={} seed={}",
-            a.check_max_m, a.budget_ms, a.min_reps, a.max_reps, a.seed
+            "tune check_max_m={} budget_ms={} min_reps={} max_reps={} seed={}{}",
+            a.check_max_m,
+            a.budget_ms,
+            a.min_reps,
+            a.max_reps,
+            a.seed,
+            // Stream launches keep the key of records written before the
+            // launch modes, so their cells still resume.
+            match a.launches.mode() {
+                Launches::Stream => String::new(),
+                m => format!(" launches={}", m.name()),
+            }
         ),
     };
     let models: Vec<(String, String)> = devices
@@ -940,11 +979,13 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         nvrtc: nvrtc.clone(),
         seed: a.seed,
         sampler: sampler.as_ref(),
+        launches: a.launches.mode(),
     };
     let cfg = TimingConfig {
         budget_ms: a.budget_ms,
         min_reps: a.min_reps,
         max_reps: a.max_reps,
+        launches: a.launches.mode(),
         ..TimingConfig::default()
     };
     let mut ref_rows: Vec<(String, TuneRow)> = Vec::new();
@@ -1117,8 +1158,8 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         (
             "launch floor (measured)".into(),
             format!(
-                "{:.2} us per launch (an empty kernel, one block per SM, enqueued back to back)",
-                ceil.launch_floor_us
+                "{:.2} us per launch (an empty kernel, one block per SM, enqueued back to back); {:.2} us replayed from a graph, {:.2} us chained in the graph",
+                ceil.launch_floor_us, ceil.graph_launch_floor_us, ceil.chained_launch_floor_us
             ),
         ),
         (
@@ -1139,8 +1180,18 @@ pub fn run(a: Args) -> anyhow::Result<Exit> {
         (
             "timing".into(),
             format!(
-                "CUDA events, budget {} ms/cell, {}..{} samples, bootstrap CI seed {:#x}; correctness of m > {} checked at m = {}",
-                a.budget_ms, a.min_reps, a.max_reps, a.seed, a.check_max_m, a.check_max_m
+                "CUDA events, budget {} ms/cell, {}..{} samples, bootstrap CI seed {:#x}; launches: {}; correctness of m > {} checked at m = {}",
+                a.budget_ms,
+                a.min_reps,
+                a.max_reps,
+                a.seed,
+                match a.launches.mode() {
+                    Launches::Stream => "stream (one enqueue per call)",
+                    Launches::Graph => "graph (each sample's calls captured once into a CUDA graph and replayed)",
+                    Launches::Chained => "chained (each sample's calls captured into a CUDA graph, every launch after a kernel a programmatic dependent of it)",
+                },
+                a.check_max_m,
+                a.check_max_m
             ),
         ),
     ];
