@@ -25,6 +25,14 @@
 // for all of them: GATE_UP's grid.y walks the distinct experts (blocks past
 // the count exit), DOWN's warps loop over them.
 //
+// Prologue: a block's first weight loads need the grouping (which expert),
+// and under ALGO 1 and 2 its products need the quantized activations.
+// HOIST=0 quantizes, then groups (the grouping's barriers publish the
+// quantized values), then loads; HOIST=1 groups, issues each lane's first
+// UNROLL chunks (units), then quantizes and passes one more barrier, so the
+// activations' loads and reduction run under the weights' first latency.
+// The same chunks meet the same values in the same order either way.
+//
 // Weights: the expert tensor as one matrix of E * rows rows, in the layout
 // of the dense GEMV (gemv.cu, gemv_chunk.cuh): LAYOUT 0 GGUF blocks (Q8_0,
 // Q4_0, Q6_K; F16 / BF16 values), LAYOUT 1 planes (Q8_0 / Q4_0 quant and
@@ -100,6 +108,16 @@
 //                2 = split Q8 records made per block (5/2 byte per value);
 //                3 = (DOWN) split Q8 records GATE_UP wrote (H_RECORDS=1)
 //   H_RECORDS    GATE_UP's h: 0 = f32, 1 = split Q8 records (DOWN: 0)
+//   MINB         1, 2, 3, 4: the blocks per SM the one-token entry (_n1)
+//                asks of the compiler (__launch_bounds__' minimum, which
+//                caps its registers at 64K / (WARPS*32*MINB)); the
+//                multi-token entries ask 1 (their accumulators need the
+//                registers)
+//   HOIST        ALGO 1, 2: 0 = the block quantizes the activations, then
+//                groups the experts, then loads weights; 1 = it groups the
+//                experts, issues each lane's first UNROLL chunks (units),
+//                then quantizes while those loads are in flight (ALGO 0
+//                and 3 quantize nothing: 0)
 
 #ifndef WTYPE
 #error "moe_gemv.cu needs WTYPE"
@@ -130,6 +148,12 @@
 #endif
 #ifndef H_RECORDS
 #error "moe_gemv.cu needs H_RECORDS"
+#endif
+#ifndef MINB
+#error "moe_gemv.cu needs MINB"
+#endif
+#ifndef HOIST
+#error "moe_gemv.cu needs HOIST"
 #endif
 
 #define GATE_UP 1
@@ -178,6 +202,12 @@
 #endif
 #if WARPS % KSPLIT != 0 || (STAGE == GATE_UP && KSPLIT != 1)
 #error "moe_gemv.cu: KSPLIT must divide WARPS (and be 1 for GATE_UP)"
+#endif
+#if MINB != 1 && MINB != 2 && MINB != 3 && MINB != 4
+#error "moe_gemv.cu: MINB must be 1, 2, 3 or 4"
+#endif
+#if HOIST != 0 && (HOIST != 1 || (ALGO != 1 && ALGO != 2))
+#error "moe_gemv.cu: HOIST=1 overlaps the block's quantization of the activations (ALGO 1, 2) with its first weight loads"
 #endif
 #if ROWS * UNROLL > (STAGE == GATE_UP ? 8 : 16)
 #error "moe_gemv.cu: ROWS * UNROLL over the register budget (GATE_UP 8, DOWN 16)"
@@ -353,6 +383,25 @@ DEVI float pick(const float (&acc)[NT], int t) {
 // compiler hoists every token's activation loads next to the chunk and
 // passes the 255-register ceiling.
 #if STAGE == GATE_UP
+// The UNROLL chunks c0, c0 + 32, ... of the lane's ROWS gate and up rows
+// (rows from row0 of the expert's block at base), loaded before any is
+// used: 2 x ROWS x UNROLL loads in flight per lane.
+DEVI void load_gate_up(Chunk (&ch)[UNROLL][2][ROWS], const u8* __restrict__ wq, const u16* __restrict__ wd,
+                       int base, int row0, int c0, int nchunks, int d, int ffn) {
+#pragma unroll
+    for (int v = 0; v < UNROLL; ++v) {
+        // Chunks past the row's end re-read its last chunk (skipped by the caller).
+        const int c = min(c0 + 32 * v, nchunks - 1);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            // Rows past the end re-read the last row; their sums are dropped.
+            const int row = min(row0 + r, ffn - 1);
+            ch[v][0][r] = load_chunk(wq, wd, base + row, c, d);
+            ch[v][1][r] = load_chunk(wq, wd, base + ffn + row, c, d);
+        }
+    }
+}
+
 template <int NT>
 DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const float* __restrict__ x,
                        const int* __restrict__ ids, float* __restrict__ h, unsigned long long* __restrict__ count,
@@ -360,8 +409,10 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
     __shared__ Groups<NT> g;
     pdl_enter();
 #if ALGO == 1 || ALGO == 2
+#if !HOIST
     // Every token's x: group_experts' barriers publish it.
     quantize_to_shared(x, q8_smem, NT * d);
+#endif
 #if ALGO == 1
     const i8* xq = reinterpret_cast<const i8*>(q8_smem);
     const float2* xds = reinterpret_cast<const float2*>(q8_smem + NT * d);
@@ -371,11 +422,11 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
 #endif
     group_experts<NT>(ids, n_experts, n_used, g);
     const int u = blockIdx.y;
-    if (u >= g.n) return;
+    if (u >= g.n) return;  // the whole block (u and g.n are the same on every thread)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
     const bool active = row0 < ffn;
-#if !H_RECORDS
+#if !H_RECORDS && !HOIST
     if (!active) return;
 #endif
     const int e = g.expert[u], cnt = g.cnt[u];
@@ -387,24 +438,28 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[m][r][t] = 0.f;
-    // Warps past the rows (H_RECORDS=1 only) still reach the barrier below.
+    // Warps past the rows (H_RECORDS=1 or HOIST=1) still reach the barriers
+    // below (HOIST=1: they also take their part of the quantization).
     const int nchunks = active ? d / CHUNK : 0;
-    // UNROLL chunks of the lane's gate and up rows are loaded before any is
-    // used: 2 x ROWS x UNROLL loads in flight per lane.
+#if HOIST
+    // The loop's first chunks are in flight while the block quantizes x;
+    // the barrier publishes it. Every thread still running reaches it: the
+    // only return above is the whole block's.
+    Chunk ch[UNROLL][2][ROWS];
+    if (lane < nchunks) load_gate_up(ch, wq, wd, base, row0, lane, nchunks, d, ffn);
+    quantize_to_shared(x, q8_smem, NT * d);
+    __syncthreads();
+#if !H_RECORDS
+    if (!active) return;
+#endif
+#endif
     for (int c0 = lane; c0 < nchunks; c0 += 32 * UNROLL) {
+#if HOIST
+        if (c0 != lane) load_gate_up(ch, wq, wd, base, row0, c0, nchunks, d, ffn);
+#else
         Chunk ch[UNROLL][2][ROWS];
-#pragma unroll
-        for (int v = 0; v < UNROLL; ++v) {
-            // Chunks past the row's end re-read its last chunk (skipped below).
-            const int c = min(c0 + 32 * v, nchunks - 1);
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                // Rows past the end re-read the last row; their sums are dropped.
-                const int row = min(row0 + r, ffn - 1);
-                ch[v][0][r] = load_chunk(wq, wd, base + row, c, d);
-                ch[v][1][r] = load_chunk(wq, wd, base + ffn + row, c, d);
-            }
-        }
+        load_gate_up(ch, wq, wd, base, row0, c0, nchunks, d, ffn);
+#endif
 #pragma unroll
         for (int v = 0; v < UNROLL; ++v) {
             const int c = c0 + 32 * v;
@@ -480,12 +535,37 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
 }
 
 #define MOE_ENTRY(NT)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) moe_gemv_gate_up_n##NT(                   \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, (NT) == 1 ? MINB : 1) moe_gemv_gate_up_n##NT( \
         const u8* wq, const u16* wd, const float* x, const int* ids, float* h, unsigned long long* count,  \
         int d, int ffn, int n_experts, int n_used) {                                                       \
         gate_up_body<NT>(wq, wd, x, ids, h, count, d, ffn, n_experts, n_used);                             \
     }
 #else
+// The lane's next UNROLL units from (uu, cc) (distinct expert, chunk),
+// stepping 32*KSPLIT units, of its ROWS rows from row0, loaded before any
+// is used: UNROLL x ROWS loads in flight. un / cn receive the units;
+// (uu, cc) move on to the unit after them.
+template <int NT>
+DEVI void load_down(Chunk (&ch)[UNROLL][ROWS], int (&un)[UNROLL], int (&cn)[UNROLL], int& uu, int& cc,
+                    const u8* __restrict__ wq, const u16* __restrict__ wd, const Groups<NT>& g, int row0, int nchunks,
+                    int d, int ffn) {
+#pragma unroll
+    for (int v = 0; v < UNROLL; ++v) {
+        un[v] = uu;
+        cn[v] = cc;
+        // Units past the end re-read the last unit (skipped by the caller).
+        const int e = g.expert[min(uu, g.n - 1)];
+        const int c = uu < g.n ? cc : nchunks - 1;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) ch[v][r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
+        cc += 32 * KSPLIT;
+        while (cc >= nchunks) {
+            cc -= nchunks;
+            ++uu;
+        }
+    }
+}
+
 template <int NT>
 DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const float* __restrict__ h,
                     const int* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ y,
@@ -496,9 +576,11 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     // GATE_UP's records of every pair's h row: hs[p * (ffn / 32) + g].
     const XSplit* hs = reinterpret_cast<const XSplit*>(h);
 #elif ALGO != 0
+#if !HOIST
     // Every pair's h row (a pair with an invalid id is quantized and never
     // read): group_experts' barriers publish it.
     quantize_to_shared(h, q8_smem, NT * n_used * ffn);
+#endif
 #if ALGO == 1
     const i8* hq = reinterpret_cast<const i8*>(q8_smem);
     const float2* hds = reinterpret_cast<const float2*>(q8_smem + NT * n_used * ffn);
@@ -510,9 +592,10 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / KSPLIT, slice = warp % KSPLIT;
     const int row0 = (blockIdx.x * (WARPS / KSPLIT) + group) * ROWS;
-    // Groups past the end still reach the barrier below (KSPLIT > 1).
+    // Groups past the end still reach the barriers below (KSPLIT > 1; HOIST=1:
+    // they also take their part of the quantization).
     const bool active = row0 < d;
-#if KSPLIT == 1
+#if KSPLIT == 1 && !HOIST
     if (!active) return;
 #endif
     float acc[ROWS][NT];
@@ -529,24 +612,28 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     const int nunits = active ? g.n * nchunks : 0;
     const int first = slice * 32 + lane;
     int uu = first / nchunks, cc = first % nchunks;  // the unit of q = q0
+#if HOIST
+    // The loop's first units are in flight while the block quantizes h;
+    // the barrier publishes it. Every thread reaches it (no return above).
+    Chunk ch[UNROLL][ROWS];
+    int un[UNROLL], cn[UNROLL];
+    if (first < nunits) load_down<NT>(ch, un, cn, uu, cc, wq, wd, g, row0, nchunks, d, ffn);
+    // Every pair's h row (a pair with an invalid id is quantized and never
+    // read).
+    quantize_to_shared(h, q8_smem, NT * n_used * ffn);
+    __syncthreads();
+#if KSPLIT == 1
+    if (!active) return;
+#endif
+#endif
     for (int q0 = first; q0 < nunits; q0 += 32 * KSPLIT * UNROLL) {
+#if HOIST
+        if (q0 != first) load_down<NT>(ch, un, cn, uu, cc, wq, wd, g, row0, nchunks, d, ffn);
+#else
         Chunk ch[UNROLL][ROWS];
         int un[UNROLL], cn[UNROLL];
-#pragma unroll
-        for (int v = 0; v < UNROLL; ++v) {
-            un[v] = uu;
-            cn[v] = cc;
-            // Units past the end re-read the last unit (skipped below).
-            const int e = g.expert[min(uu, g.n - 1)];
-            const int c = uu < g.n ? cc : nchunks - 1;
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) ch[v][r] = load_chunk(wq, wd, e * d + min(row0 + r, d - 1), c, ffn);
-            cc += 32 * KSPLIT;
-            while (cc >= nchunks) {
-                cc -= nchunks;
-                ++uu;
-            }
-        }
+        load_down<NT>(ch, un, cn, uu, cc, wq, wd, g, row0, nchunks, d, ffn);
+#endif
 #pragma unroll
         for (int v = 0; v < UNROLL; ++v) {
             const int u = un[v];
@@ -615,7 +702,7 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
 }
 
 #define MOE_ENTRY(NT)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) moe_gemv_down_n##NT(                      \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, (NT) == 1 ? MINB : 1) moe_gemv_down_n##NT(    \
         const u8* wq, const u16* wd, const float* h, const int* ids, const float* weights, float* y,       \
         unsigned long long* count, int d, int ffn, int n_experts, int n_used) {                            \
         down_body<NT>(wq, wd, h, ids, weights, y, count, d, ffn, n_experts, n_used);                       \

@@ -167,6 +167,8 @@ impl Family for MoeGemv {
             ("ALGO", 0),
         ]);
         d.insert("H_RECORDS".into(), DefineValue::Int(0));
+        d.insert("MINB".into(), DefineValue::Int(1));
+        d.insert("HOIST".into(), DefineValue::Int(0));
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
@@ -267,6 +269,17 @@ impl Family for MoeGemv {
                     warps * rows
                 ));
             }
+        }
+        // The one-token entry's __launch_bounds__ minimum of blocks per SM
+        // (a register cap); the multi-token entries ask one whatever MINB.
+        int_in(d, "MINB", &[1, 2, 3, 4]).map_err(|e| {
+            format!("{e}: MINB is the blocks per SM the one-token entry asks of the compiler")
+        })?;
+        let hoist = int_in(d, "HOIST", &[0, 1])?;
+        if hoist == 1 && algo != 1 && algo != 2 {
+            return Err(format!(
+                "HOIST=1 overlaps the block's quantization of the activations with its first weight loads: ALGO=1 or 2, not ALGO={algo} (which quantizes nothing)"
+            ));
         }
         if (records || algo == 3) && mp.ffn % 32 != 0 {
             return Err(format!(

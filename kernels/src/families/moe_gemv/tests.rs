@@ -278,6 +278,79 @@ fn records_points_need_whole_records_and_planes() {
     );
 }
 
+/// MINB (the one-token entry's blocks per SM) and HOIST (the prologue's
+/// order under ALGO 1 and 2) change neither the launch nor the contract;
+/// MINB takes 1..4, HOIST=1 only where the block quantizes activations.
+#[test]
+fn minb_and_hoist_keep_the_launch_and_refuse_what_they_cannot_do() {
+    let f = MoeGemv;
+    let lim = DeviceLimits::for_arch(Arch(90));
+    let base = f.default_defines(GgmlType::Q8_0);
+    assert_eq!(base.get("MINB"), Some(&DefineValue::Int(1)));
+    assert_eq!(base.get("HOIST"), Some(&DefineValue::Int(0)));
+    let gu = with(
+        &base,
+        &[
+            ("ALGO", 2i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("H_RECORDS", 1i64.into()),
+        ],
+    );
+    let down = with(
+        &base,
+        &[
+            ("STAGE", "DOWN".into()),
+            ("ALGO", 3i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("KSPLIT", 4i64.into()),
+        ],
+    );
+    for tokens in [1, 8] {
+        let p = prob(tokens, 128, 8, 2816, 704, GgmlType::Q8_0);
+        for d in [&gu, &down] {
+            let g = f.validate(d, &p, &lim).expect("base point");
+            for minb in 1..=4i64 {
+                let m = with(d, &[("MINB", minb.into())]);
+                assert_eq!(f.validate(&m, &p, &lim).expect("MINB"), g);
+                assert_eq!(f.contract(&m), f.contract(d));
+            }
+        }
+        let hoisted = with(&gu, &[("HOIST", 1i64.into())]);
+        let g = f.validate(&gu, &p, &lim).expect("gate_up");
+        assert_eq!(f.validate(&hoisted, &p, &lim).expect("HOIST=1"), g);
+        assert_eq!(f.contract(&hoisted), Contract::Approx);
+    }
+    // The one-token grids MINB is for: 22 x 8 GATE_UP blocks of 8 warps,
+    // 352 DOWN blocks.
+    let p = prob(1, 128, 8, 2816, 704, GgmlType::Q8_0);
+    assert_eq!(f.validate(&gu, &p, &lim).expect("gate_up").grid, (22, 8, 1));
+    assert_eq!(f.validate(&down, &p, &lim).expect("down").grid, (352, 1, 1));
+    let bad = |d: &Defines, want: &str| {
+        let e = f.validate(d, &p, &lim).expect_err(want);
+        assert!(e.contains(want), "{e}");
+    };
+    for minb in [0i64, 5, 8] {
+        bad(
+            &with(&gu, &[("MINB", minb.into())]),
+            &format!("MINB={minb}"),
+        );
+    }
+    let mut missing = gu.clone();
+    missing.remove("MINB");
+    bad(&missing, "define MINB is required");
+    bad(&with(&gu, &[("HOIST", 2i64.into())]), "HOIST=2");
+    // ALGO 0 and 3 quantize nothing the weight loads could overlap.
+    bad(&with(&base, &[("HOIST", 1i64.into())]), "HOIST=1 overlaps");
+    bad(&with(&down, &[("HOIST", 1i64.into())]), "not ALGO=3");
+    let split_down = with(&down, &[("ALGO", 2i64.into()), ("HOIST", 1i64.into())]);
+    f.validate(&split_down, &p, &lim)
+        .expect("DOWN ALGO 2 hoisted");
+    let q8_1 = with(&gu, &[("ALGO", 1i64.into()), ("HOIST", 1i64.into())]);
+    f.validate(&q8_1, &p, &lim).expect("GATE_UP ALGO 1 hoisted");
+}
+
 /// ALGO 1's replay is each pair's dense Q8_1 replay
 /// (`matmul_q8_replay`, the dense dp4a GEMV's) on the chosen expert's
 /// rows: GATE_UP through gelu(g) * u, DOWN weighted and summed.
