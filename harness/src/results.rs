@@ -131,8 +131,9 @@ pub struct TuneRow {
     pub roof_why: String,
     pub hbm_gbps: f64,
     pub l2_gbps: f64,
-    /// The device's measured launch-latency floor, us per launch (0 in
-    /// files written before it was measured).
+    /// The device's measured launch-latency floor in the row's launch mode
+    /// (`launches`), us per launch (0 in files written before it was
+    /// measured).
     #[serde(default)]
     pub launch_floor_us: f64,
     pub registers: u32,
