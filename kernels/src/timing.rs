@@ -18,9 +18,10 @@
 use crate::compile::{compile_source, default_cache_dir, CompiledVariant};
 use crate::defines::{DefineValue, Defines};
 use crate::device::LaunchGeometry;
-use crate::gpu::{Gpu, GpuError, KArg, Module};
+use crate::gpu::{Event, Gpu, GpuError, KArg, Module};
 use crate::kernel_family::Family;
 use crate::problem::Problem;
+use crate::runtime::Graph;
 use crate::workload::{OpKind, Workload};
 use serde::{Deserialize, Serialize};
 
@@ -375,30 +376,52 @@ pub fn time_workload(
 }
 
 /// Captures `lps` calls of `wl` (weight copies in rotation from copy 0)
-/// into a graph, with chained launches when `chained`. The capture is
-/// ended and chaining switched off whatever happens, so a failed enqueue
-/// leaves the stream usable.
+/// into a graph, with chained launches when `chained`.
 fn capture_sample(
     gpu: &Gpu,
     wl: &dyn Timeable,
     lps: usize,
     chained: bool,
-) -> Result<crate::runtime::Graph, GpuError> {
+) -> Result<Graph, GpuError> {
     let copies = wl.weight_copies().max(1);
+    capture(gpu, chained, || {
+        (0..lps).try_for_each(|i| wl.enqueue(gpu, i % copies))
+    })
+    .map_err(|e| GpuError::Other(format!("capturing the sample's launches into a graph: {e}")))
+}
+
+/// Captures what `enqueue` puts on the stream into a graph, with chained
+/// launches when `chained`. The capture is ended and chaining switched off
+/// whatever happens, so a failed enqueue leaves the stream usable; the
+/// graph is replayed once before it is returned (its first launch uploads
+/// it).
+fn capture(
+    gpu: &Gpu,
+    chained: bool,
+    enqueue: impl FnOnce() -> Result<(), GpuError>,
+) -> Result<Graph, GpuError> {
     gpu.synchronize()?;
     gpu.begin_capture()?;
     gpu.set_chained_launches(chained);
-    let enqueued = (0..lps).try_for_each(|i| wl.enqueue(gpu, i % copies));
+    let enqueued = enqueue();
     gpu.set_chained_launches(false);
     let graph = gpu.end_capture();
-    enqueued.map_err(|e| {
-        GpuError::Other(format!("capturing the sample's launches into a graph: {e}"))
-    })?;
+    enqueued?;
     let graph = graph?;
-    // One replay before any is timed: the graph's first launch uploads it.
     graph.launch()?;
     gpu.synchronize()?;
     Ok(graph)
+}
+
+/// The median interval between consecutive events of `evs`, divided by
+/// `per`, in us.
+fn median_interval_us(evs: &[Event], per: f64) -> Result<f64, GpuError> {
+    let mut t: Vec<f64> = evs
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64 * 1000.0 / per))
+        .collect::<Result<_, _>>()?;
+    t.sort_by(f64::total_cmp);
+    Ok(quantile_sorted(&t, 0.5))
 }
 
 /// Measured read-bandwidth ceilings.
@@ -489,12 +512,8 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<Ceilings, GpuError> {
             gpu.launch(&module, &geo, &args)?;
             gpu.record(e)?;
         }
-        let mut t: Vec<f64> = evs
-            .windows(2)
-            .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64))
-            .collect::<Result<_, _>>()?;
-        t.sort_by(f64::total_cmp);
-        Ok(bytes as f64 * reps as f64 / (quantile_sorted(&t, 0.5) * 1e-3) / 1e9)
+        let us = median_interval_us(&evs, 1.0)?;
+        Ok(bytes as f64 * reps as f64 / (us * 1e-6) / 1e9)
     };
     let hbm = measure(hbm_bytes, 1)?;
     let l2bw = measure(l2_bytes, 40)?;
@@ -513,35 +532,19 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<Ceilings, GpuError> {
         }
         gpu.record(e)?;
     }
-    let mut t: Vec<f64> = evs
-        .windows(2)
-        .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64 * 1000.0 / 200.0))
-        .collect::<Result<_, _>>()?;
-    t.sort_by(f64::total_cmp);
-    let launch_floor_us = quantile_sorted(&t, 0.5);
+    let launch_floor_us = median_interval_us(&evs, 200.0)?;
     // The same 200 empty launches captured into a graph, replayed 11 times:
     // plain, then chained.
     let graph_floor = |chained: bool| -> Result<f64, GpuError> {
-        gpu.synchronize()?;
-        gpu.begin_capture()?;
-        gpu.set_chained_launches(chained);
-        let enqueued = (0..200).try_for_each(|_| gpu.launch(&module, &floor_geo, &empty));
-        gpu.set_chained_launches(false);
-        let graph = gpu.end_capture();
-        enqueued?;
-        let graph = graph?;
-        graph.launch()?;
+        let graph = capture(gpu, chained, || {
+            (0..200).try_for_each(|_| gpu.launch(&module, &floor_geo, &empty))
+        })?;
         gpu.record(&evs[0])?;
         for e in &evs[1..] {
             graph.launch()?;
             gpu.record(e)?;
         }
-        let mut t: Vec<f64> = evs
-            .windows(2)
-            .map(|w| w[0].elapsed_ms(&w[1]).map(|x| x as f64 * 1000.0 / 200.0))
-            .collect::<Result<_, _>>()?;
-        t.sort_by(f64::total_cmp);
-        Ok(quantile_sorted(&t, 0.5))
+        median_interval_us(&evs, 200.0)
     };
     let graph_launch_floor_us = graph_floor(false)?;
     let chained_launch_floor_us = graph_floor(true)?;
