@@ -57,15 +57,6 @@ impl Launches {
             Launches::Chained => "chained",
         }
     }
-    /// Parses `stream` | `graph` | `chained`.
-    pub fn parse(s: &str) -> Option<Launches> {
-        match s {
-            "stream" => Some(Launches::Stream),
-            "graph" => Some(Launches::Graph),
-            "chained" => Some(Launches::Chained),
-            _ => None,
-        }
-    }
 }
 
 /// Seed of the inputs a timed call runs on (values do not change the time
