@@ -165,11 +165,7 @@ fn tune_records_its_launch_mode() {
             .arg(&out)
             .output()
             .expect("run gemtune");
-        let log = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let log = common::log(&o);
         assert_eq!(o.status.code(), Some(0), "tune --launches {mode}:\n{log}");
         let rows: Vec<TuneRow> = read_csv(&out.join("results.csv")).expect("results.csv");
         let timed: Vec<&TuneRow> = rows.iter().filter(|r| r.is_timed()).collect();
