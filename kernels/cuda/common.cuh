@@ -104,7 +104,8 @@ DEVI void pdl_await_prior() {
 // resident (and start what does not depend on this grid) while this grid
 // runs. Work before the wait may touch only what no earlier grid of the
 // step writes (the weights: the split-activation GEMV's first L2
-// prefetches; the cache's older keys: the decode attention's copies).
+// prefetches, the GEMV's first chunks under PRELOAD=1; the cache's older
+// keys: the decode attention's copies).
 DEVI void pdl_enter() {
     pdl_await_prior();
     pdl_release_dependents();

@@ -132,6 +132,12 @@
 //   OUT     F32 | Q8_SPLIT: the output's format
 //   TAIL    0 | 1: the sandwich-norm step in the last block (OUT=F32, FUSE=0)
 //   TAIL_OUT NONE | F32 | Q8_1 | Q8_SPLIT: the tail's normalized output
+//   PRELOAD 0 = each lane loads its chunks after the launch's wait (pdl_enter),
+//           1 = its first UNROLL chunks before it (the loop over the rest
+//           and the order of the sums unchanged): a chained launch's weight
+//           stream then starts while the grid ahead finishes; 2 = as 1,
+//           and the quant bytes of its next two rounds of chunks prefetched
+//           into L2 before the wait as well (planes and 16-bit rows)
 
 #ifndef WTYPE
 #error "gemv.cu needs WTYPE"
@@ -168,6 +174,12 @@
 #endif
 #ifndef TAIL_OUT
 #error "gemv.cu needs TAIL_OUT"
+#endif
+#ifndef PRELOAD
+#error "gemv.cu needs PRELOAD"
+#endif
+#if PRELOAD < 0 || PRELOAD > 2
+#error "gemv.cu: PRELOAD must be 0, 1 or 2"
 #endif
 #if XSMEM && ALGO != 0
 #error "XSMEM=1 stages f32 activations: it needs ALGO=0"
@@ -344,6 +356,51 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
         }
     }
 #endif
+    const int nchunks = active ? k / CHUNK : 0;
+    const int step = 32 * KSPLIT;
+    const int cfirst = slice * 32 + lane;
+    // Issues the loads of this lane's UNROLL chunks from c0 on (c0 <
+    // nchunks) into ch.
+    auto load_chunks = [&](Chunk (&ch)[UNROLL][NMAT][ROWS], int c0) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            // Chunks past the end re-read chunk c0; their math is skipped.
+            const int c = c0 + u * step < nchunks ? c0 + u * step : c0;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                // Rows past the end re-read the last row; their sums are dropped.
+                const int row = min(row0 + r, n - 1);
+                ch[u][0][r] = load_chunk(wq, wd, row, c, k);
+#if FUSE == 1
+                ch[u][1][r] = load_chunk(wq2, wd2, row, c, k);
+#endif
+            }
+        }
+    };
+#if PRELOAD
+    // The lane's first UNROLL chunks are loaded before the wait: the
+    // weights are written by no grid of the step, so under a chained
+    // launch their latency overlaps the tail of the grid ahead.
+    Chunk ch0[UNROLL][NMAT][ROWS];
+    if (cfirst < nchunks) load_chunks(ch0, cfirst);
+#if PRELOAD == 2
+    // And the quant bytes of its next two rounds of chunks head for L2.
+#pragma unroll
+    for (int i = 1; i <= 2; ++i)
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = cfirst + (i * UNROLL + u) * step;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                if (c < nchunks) {
+                    prefetch_chunk(wq, min(row0 + r, n - 1), c, k);
+#if FUSE == 1
+                    prefetch_chunk(wq2, min(row0 + r, n - 1), c, k);
+#endif
+                }
+        }
+#endif
+#endif
     pdl_enter();
 #if XSMEM
     // The block's copy of x: token t's row at xa + t * xstride, group g at
@@ -375,24 +432,8 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
 #endif
     (void)xa;
     (void)xstride;
-    const int nchunks = active ? k / CHUNK : 0;
-    const int step = 32 * KSPLIT;
-    for (int c0 = slice * 32 + lane; c0 < nchunks; c0 += step * UNROLL) {
-        Chunk ch[UNROLL][NMAT][ROWS];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            // Chunks past the end re-read chunk c0; their math is skipped.
-            const int c = c0 + u * step < nchunks ? c0 + u * step : c0;
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                // Rows past the end re-read the last row; their sums are dropped.
-                const int row = min(row0 + r, n - 1);
-                ch[u][0][r] = load_chunk(wq, wd, row, c, k);
-#if FUSE == 1
-                ch[u][1][r] = load_chunk(wq2, wd2, row, c, k);
-#endif
-            }
-        }
+    // Adds this lane's UNROLL chunks from c0 on (loaded into ch) to acc.
+    auto dot_chunks = [&](const Chunk (&ch)[UNROLL][NMAT][ROWS], int c0) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * step;
@@ -428,6 +469,20 @@ DEVI void gemv_body(const u8* __restrict__ wq, const u16* __restrict__ wd,
                 }
             }
         }
+    };
+    int c0 = cfirst;
+#if PRELOAD
+    // The chunks loaded before the wait first; then the loop as without
+    // PRELOAD, from the lane's next chunks on.
+    if (c0 < nchunks) {
+        dot_chunks(ch0, c0);
+        c0 += step * UNROLL;
+    }
+#endif
+    for (; c0 < nchunks; c0 += step * UNROLL) {
+        Chunk ch[UNROLL][NMAT][ROWS];
+        load_chunks(ch, c0);
+        dot_chunks(ch, c0);
     }
 #pragma unroll
     for (int m = 0; m < NMAT; ++m)

@@ -106,6 +106,21 @@ DEVI float q6f(u32 w, int b) {
 }
 #endif
 
+// Asks for the 16 quant (or 16-bit value) bytes of chunk c of row `row` to
+// be brought into L2: the planes and 16-bit rows (one 16-byte piece per
+// chunk); GGUF blocks are not prefetched.
+DEVI void prefetch_chunk(const u8* __restrict__ wq, int row, int c, int k) {
+#if W16
+    prefetch_l2(wq + ((u64)row * k + (u64)c * 8) * 2);
+#elif LAYOUT == 1 && WTYPE == Q8_0
+    prefetch_l2(wq + (u64)row * k + (u64)c * 16);
+#elif LAYOUT == 1
+    prefetch_l2(wq + (u64)row * (k / 2) + (u64)c * 16);
+#else
+    (void)wq, (void)row, (void)c, (void)k;
+#endif
+}
+
 // Loads chunk c (elements c*CHUNK ..) of row `row`.
 DEVI Chunk load_chunk(const u8* __restrict__ wq, const u16* __restrict__ wd, int row, int c, int k) {
     Chunk ch;

@@ -177,6 +177,7 @@ impl Family for Gemv {
         d.insert("OUT".into(), DefineValue::Str("F32".into()));
         d.insert("TAIL".into(), DefineValue::Int(0));
         d.insert("TAIL_OUT".into(), DefineValue::Str("NONE".into()));
+        d.insert("PRELOAD".into(), DefineValue::Int(0));
         d
     }
     fn contract(&self, d: &Defines) -> Contract {
@@ -359,6 +360,18 @@ impl Family for Gemv {
             return Err(format!(
                 "{threads} threads exceed the device's {}",
                 lim.max_threads_per_block
+            ));
+        }
+        // Where a lane's first chunks are loaded (after or before the
+        // chained launch's wait, 2: with the next ones prefetched into L2
+        // as well): the launch and the sums are the same.
+        let preload = int_in(d, "PRELOAD", &[0, 1, 2]).map_err(|e| {
+            format!("{e}: PRELOAD=1 loads a lane's first chunks before the launch's wait, 2 also prefetches the next ones")
+        })?;
+        if preload == 2 && layout == 0 && !matches!(wt, WType::F16 | WType::Bf16) {
+            return Err(format!(
+                "PRELOAD=2 prefetches 16-byte pieces of planes or 16-bit rows: {} on GGUF blocks (LAYOUT=0) needs PRELOAD 0 or 1",
+                wt.define()
             ));
         }
         let xsmem = int_in(d, "XSMEM", &[0, 1])? == 1;
@@ -903,6 +916,58 @@ mod tests {
         assert!(t.replay_rms_rel > 5e-5 && t.rms_rel <= 3e-4, "{t:?}");
         fma.insert("OUT".into(), DefineValue::Str("F32".into()));
         assert_eq!(f.contract(&fma), Contract::Fp);
+    }
+
+    /// PRELOAD (the first chunks loaded before or after the launch's wait,
+    /// the next ones prefetched too) changes neither the launch nor the
+    /// contract on any weight type or algorithm; it takes 0, 1 or 2 (2 not
+    /// on GGUF blocks, which it cannot prefetch) and is required.
+    #[test]
+    fn preload_keeps_the_launch_and_the_contract() {
+        let f = Gemv;
+        let lim = DeviceLimits::for_arch(crate::compile::Arch(90));
+        for wt in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+        ] {
+            let mut d = f.default_defines(wt);
+            assert_eq!(d.get("PRELOAD"), Some(&DefineValue::Int(0)));
+            if wt != GgmlType::F16 {
+                d.insert("LAYOUT".into(), DefineValue::Int(1));
+                d.insert("ALGO".into(), DefineValue::Int(3));
+                d.insert("KSPLIT".into(), DefineValue::Int(2));
+            }
+            for m in [1, 8] {
+                let p = Problem::matmul(m, 10240, 2560, wt);
+                let g = f.validate(&d, &p, &lim).expect("PRELOAD=0");
+                let mut pre = d.clone();
+                pre.insert("PRELOAD".into(), DefineValue::Int(1));
+                assert_eq!(f.validate(&pre, &p, &lim).expect("PRELOAD=1"), g);
+                assert_eq!(f.contract(&pre), f.contract(&d));
+                assert_eq!(f.default_tolerance(&pre, &p), f.default_tolerance(&d, &p));
+                pre.insert("PRELOAD".into(), DefineValue::Int(2));
+                assert_eq!(f.validate(&pre, &p, &lim).expect("PRELOAD=2"), g);
+                assert_eq!(f.contract(&pre), f.contract(&d));
+                pre.insert("PRELOAD".into(), DefineValue::Int(3));
+                let e = f.validate(&pre, &p, &lim).expect_err("PRELOAD=3");
+                assert!(e.contains("PRELOAD=3"), "{e}");
+                pre.remove("PRELOAD");
+                let e = f.validate(&pre, &p, &lim).expect_err("no PRELOAD");
+                assert!(e.contains("PRELOAD"), "{e}");
+            }
+        }
+        let mut blocks = f.default_defines(GgmlType::Q8_0);
+        blocks.insert("LAYOUT".into(), DefineValue::Int(0));
+        let p = Problem::matmul(1, 2560, 2560, GgmlType::Q8_0);
+        blocks.insert("PRELOAD".into(), DefineValue::Int(1));
+        f.validate(&blocks, &p, &lim)
+            .expect("GGUF blocks, PRELOAD=1");
+        blocks.insert("PRELOAD".into(), DefineValue::Int(2));
+        let e = f.validate(&blocks, &p, &lim).expect_err("GGUF blocks");
+        assert!(e.contains("LAYOUT=0"), "{e}");
     }
 
     /// TAIL=1 runs on the plain product written as f32 rows (FUSE=0,
