@@ -8,7 +8,7 @@
 #   bash ../shared/tools/stage-gpu.sh
 #   tar -C . -cf - .gpu/bin .gpu/run.sh $(ls -d .gpu/tests/cuda_parity-*) \
 #     | xz -9 -T2 > .gpubase/stage.tar.xz
-# then `run` with carry [".gpubase"], kind nvidia-h100-x1 (it ran there), and
+# then `run` with carry [".gpubase"] (asked as nvidia-h200; it ran on an H100), and
 #   bash reports/h100-2026-12-07-preload/scripts/callA.sh
 set -u
 cd "$(dirname "$0")/../../.."
