@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# The compile report: registers, spill bytes and shared memory of every kernel
-# variant on sm_80, sm_89 and sm_90 (NVRTC only, no GPU), one row per
-# family x variant x arch (the worst over its shapes), compared with the
-# committed baseline reports/baseline/compile.csv through `gemtune report`.
+# The compile report: registers, spill bytes and shared memory of the kernel
+# variants (NVRTC only, no GPU), one row per family x variant x arch (the
+# worst over its shapes), compared with the committed baseline
+# reports/baseline/compile.csv through `gemtune report`:
+#   sm_90: every variant, the sweep points included (the tuned tables the
+#          repository ships are sm_90's, so every point a tune may pick);
+#   sm_80, sm_89: every named variant of every family, i.e. every code path
+#          (arithmetic form, layout, stage). A sweep point runs its named
+#          variant's code with other tile counts; a tune on those archs
+#          compiles its points and reports their spills itself. Compiling
+#          the sweeps there too tripled the step's cold time (CI's budget
+#          is 90 minutes on two cores).
 #
 #   scripts/compile-report.sh            compare (CI): exit 1 when a variant
 #                                        gained a spill, grew its registers or
@@ -40,12 +48,31 @@ rm -rf "$out"
 mkdir -p "$out"
 current=$out/compile.csv
 
+# The named variants of every family's spec, as check arguments.
+named=()
+while read -r id; do
+    named+=(--variant "$id")
+done < <(python3 - <<'EOF'
+import glob, tomllib
+for path in sorted(glob.glob("variants/*.toml")):
+    with open(path, "rb") as f:
+        for v in tomllib.load(f).get("variant", []):
+            print(v["name"])
+EOF
+)
+if [[ ${#named[@]} == 0 ]]; then
+    echo "compile-report: no named variants found in variants/*.toml" >&2
+    exit 4
+fi
+
 status=0
 for arch in sm_80 sm_89 sm_90; do
+    select=()
+    [[ $arch == sm_90 ]] || select=("${named[@]}")
     # check exits 4 on a compile error and 3 on a forbidden spill; its rows
     # (verdict compile-error / spills) still go into the report.
     rc=0
-    "$bin" check --compile-only --arch "$arch" --out "$out/check-$arch" \
+    "$bin" check --compile-only --arch "$arch" --out "$out/check-$arch" ${select[@]+"${select[@]}"} \
         --compile-report "$current" >"$out/check-$arch.txt" 2>"$out/check-$arch.log" || rc=$?
     if [[ $rc != 0 ]]; then
         echo "compile-report: check --arch $arch exited $rc (see $out/check-$arch.log)" >&2

@@ -7,22 +7,24 @@
 #   scripts/nvrtc-newest-gate.sh
 #
 # What it compiles, for sm_80, sm_89 and sm_90: every named variant of every
-# family (each code path: every arithmetic form, layout and stage), and of
-# the sweep points those within 32 registers of the 255 ceiling under the
-# pinned compiler (their rows in reports/baseline/compile.csv), which are
-# the points a different allocator can push over it. A sweep point far
-# below the ceiling runs the code of its named variant with other tile
-# counts, and the compile report has compiled it under the pinned compiler.
-# Families whose kernels ask __launch_bounds__ for several blocks per SM
-# (OCC_BLOCKS in their source) have a ceiling below 255 that the baseline
-# does not record, so every point of theirs is compiled.
+# family (each code path: every arithmetic form, layout and stage). On
+# sm_90, whose sweep points the compile report covers (scripts/
+# compile-report.sh says why only there), also the sweep points within 32
+# registers of the 255 ceiling under the pinned compiler (their rows in
+# reports/baseline/compile.csv), which are the points a different allocator
+# can push over it; a sweep point far below the ceiling runs the code of
+# its named variant with other tile counts, and the compile report has
+# compiled it under the pinned compiler. Families whose kernels ask
+# __launch_bounds__ for several blocks per SM (OCC_BLOCKS in their source)
+# have a ceiling below 255 that the baseline does not record, so on sm_90
+# every point of theirs is compiled.
 # Its cubins are cached in target/gemtune/nvrtc-newest-cubin (the newest
 # compiler's own cache, inside the checkout) and pip keeps no download cache.
 # Environment: GEMTUNE (binary; default: cargo's debug build, found by
 # scripts/gemtune-bin.sh, so CARGO_TARGET_DIR is honoured), NVRTC_NEWEST_DIR
 # (default target/nvrtc-newest), NVRTC_NEWEST_SPEC (default
 # "nvidia-cuda-nvrtc>=13,<14"), NVRTC_NEWEST_ALL=1 (every point of every
-# family, as the compile report does).
+# family on every arch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${NVRTC_NEWEST_DIR:-target/nvrtc-newest}
@@ -38,14 +40,15 @@ out=target/gemtune/nvrtc-newest
 rm -rf "$out"
 mkdir -p "$out"
 
-# Families compiled whole: those whose sources size __launch_bounds__ by
+# Families compiled whole on sm_90: those whose sources size __launch_bounds__ by
 # OCC_BLOCKS (one family per kernels/cuda/<family>.cu).
 capped=$(grep -l 'OCC_BLOCKS(' kernels/cuda/*.cu | xargs -n1 basename | sed 's/\.cu$//' | paste -sd, -)
 
-# The rest: for one arch, the baseline's families (other than the capped
-# ones) and the variant ids to compile, one per line after the first.
-select_rows() {
-    python3 - "$baseline" "$1" "$capped" <<'EOF'
+# The rest: for one arch, the baseline's families (other than those
+# compiled whole) and the variant ids to compile, one per line after the
+# first.
+select_rows() { # arch families-compiled-whole
+    python3 - "$baseline" "$1" "$2" <<'EOF'
 import csv, sys, tomllib
 path, arch, capped = sys.argv[1], sys.argv[2], set(filter(None, sys.argv[3].split(",")))
 families, ids = set(), set()
@@ -85,8 +88,10 @@ for arch in sm_80 sm_89 sm_90; do
         run_check "$arch" all
         continue
     fi
-    [[ -n $capped ]] && run_check "$arch" "whole" "$capped"
-    mapfile -t sel < <(select_rows "$arch")
+    whole=""
+    [[ $arch == sm_90 ]] && whole=$capped
+    [[ -n $whole ]] && run_check "$arch" "whole" "$whole"
+    mapfile -t sel < <(select_rows "$arch" "$whole")
     args=()
     for id in "${sel[@]:1}"; do
         args+=(--variant "$id")
@@ -95,7 +100,7 @@ for arch in sm_80 sm_89 sm_90; do
         echo "nvrtc-newest-gate: $baseline has no $arch rows" >&2
         exit 4
     fi
-    echo "$arch: $((${#sel[@]} - 1)) variant ids of ${sel[0]}; every point of $capped"
+    echo "$arch: $((${#sel[@]} - 1)) variant ids of ${sel[0]}${whole:+; every point of $whole}"
     run_check "$arch" "named-and-ceiling" "${sel[0]}" "${args[@]}"
 done
 exit "$status"
