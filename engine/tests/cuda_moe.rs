@@ -18,16 +18,18 @@
 //!   with widths its tiles cut) within the same bar.
 //! - Graph decode bit-identical to eager decode, and the decode step's
 //!   launches chained (`decode_launch` chained, chained-dense) bit-identical
-//!   to plain ones.
+//!   to plain ones; `moe-preload` (the expert GEMVs reading the router's
+//!   ids and x before the chained launch's wait) too.
 
 #[path = "common/engines.rs"]
 mod engines;
 
-use engines::{compare_engines, cuda, decode_bits_with_launch, prompt};
+use engines::{compare_engines, cuda, decode_bits_with, decode_bits_with_launch, prompt};
 use gemtune_engine::engine::Engine;
 use gemtune_engine::forward::LogitRows;
 use gemtune_engine::gguf::GgufFile;
 use gemtune_engine::model::Model;
+use gemtune_engine::profile::Profile;
 use gemtune_engine::synth::{self, SynthModel, SynthOptions, SynthVariant, WeightType};
 
 fn tiny_moe(w: WeightType) -> Model {
@@ -216,4 +218,21 @@ fn chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
         dense == plain,
         "chained-dense decode differs from plain decode"
     );
+}
+
+/// `moe-preload` chains the step and has the expert GEMVs read what grids
+/// before their predecessor wrote ahead of their wait (DOWN: moe_route's
+/// ids, then its first weight units; the Q8_0 GATE_UP: x, split into
+/// records). Its logits are main's plain ones bit for bit: the same sums
+/// in the same order, and a stale id would route to another expert.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_preload_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
+    let m = tiny_moe(WeightType::Q8_0);
+    let toks = prompt(&m, 70, 7);
+    let (plain, _) = decode_bits_with_launch(&m, "plain", &toks, 29);
+    let p = Profile::load("../variants/profiles/moe-preload.toml").expect("moe-preload");
+    let (pre, n) = decode_bits_with(&m, p, &toks, 29);
+    assert!(n > 0, "moe-preload chained nothing");
+    assert!(pre == plain, "moe-preload decode differs from plain decode");
 }

@@ -33,6 +33,23 @@
 // activations' loads and reduction run under the weights' first latency.
 // The same chunks meet the same values in the same order either way.
 //
+// PRELOAD=1 moves work ahead of the chained launch's wait (pdl_enter) that
+// reads only what a grid two or more launches back wrote. The engine
+// launches moe_route, GATE_UP and DOWN one after another, each a
+// programmatic dependent of the one before (engine/src/cuda/moe.rs), and
+// each of those waits before it releases its dependents (pdl_enter). So a
+// block of this grid starts only after every block of its predecessor has
+// passed its wait, that is after every grid before the predecessor has
+// completed and its writes have reached L2: DOWN may group the experts
+// (moe_route's ids) and issue its first UNROLL units before the wait,
+// GATE_UP may quantize x (written by the attention residual, launches
+// before moe_route) into shared memory before it. What the predecessor
+// writes (GATE_UP: ids; DOWN: h) is still read after the wait. The early
+// reads go through L2 (ld.global.cg): a line of the same buffer that an
+// earlier layer's launch left in this SM's L1 may be stale. Under ALGO 1
+// and 2 DOWN then quantizes h after the wait, in HOIST's order. The same
+// chunks meet the same values in the same order as with PRELOAD=0.
+//
 // Weights: the expert tensor as one matrix of E * rows rows, in the layout
 // of the dense GEMV (gemv.cu, gemv_chunk.cuh): LAYOUT 0 GGUF blocks (Q8_0,
 // Q4_0, Q6_K; F16 / BF16 values), LAYOUT 1 planes (Q8_0 / Q4_0 quant and
@@ -118,6 +135,10 @@
 //                experts, issues each lane's first UNROLL chunks (units),
 //                then quantizes while those loads are in flight (ALGO 0
 //                and 3 quantize nothing: 0)
+//   PRELOAD      0 = everything after the launch's wait; 1 = the work on
+//                inputs of earlier grids before it (Prologue above): DOWN
+//                groups and issues its first units, GATE_UP (ALGO 1, 2,
+//                HOIST=0) quantizes x
 
 #ifndef WTYPE
 #error "moe_gemv.cu needs WTYPE"
@@ -154,6 +175,9 @@
 #endif
 #ifndef HOIST
 #error "moe_gemv.cu needs HOIST"
+#endif
+#ifndef PRELOAD
+#error "moe_gemv.cu needs PRELOAD"
 #endif
 
 #define GATE_UP 1
@@ -209,6 +233,12 @@
 #if HOIST != 0 && (HOIST != 1 || (ALGO != 1 && ALGO != 2))
 #error "moe_gemv.cu: HOIST=1 overlaps the block's quantization of the activations (ALGO 1, 2) with its first weight loads"
 #endif
+#if PRELOAD != 0 && PRELOAD != 1
+#error "moe_gemv.cu: PRELOAD must be 0 or 1"
+#endif
+#if PRELOAD && STAGE == GATE_UP && (HOIST || (ALGO != 1 && ALGO != 2))
+#error "moe_gemv.cu: GATE_UP's PRELOAD=1 quantizes x before the wait (ALGO 1, 2; HOIST=0: HOIST's first loads need the ids)"
+#endif
 #if ROWS * UNROLL > (STAGE == GATE_UP ? 8 : 16)
 #error "moe_gemv.cu: ROWS * UNROLL over the register budget (GATE_UP 8, DOWN 16)"
 #endif
@@ -257,7 +287,12 @@ DEVI void group_experts(const int* __restrict__ ids, int n_experts, int n_used, 
     __shared__ short s_first[NT * MAX_USED];
     const int np = NT * n_used;
     for (int i = threadIdx.x; i < np; i += blockDim.x) {
+#if PRELOAD
+        // DOWN reads the ids before its wait, through L2 (Prologue).
+        const int e = __ldcg(ids + i);
+#else
         const int e = __ldg(ids + i);
+#endif
         s_id[i] = e >= 0 && e < n_experts ? e : -1;
     }
     __syncthreads();
@@ -315,7 +350,12 @@ DEVI void quantize_to_shared(const float* __restrict__ src, u8* dst, int n) {
 #pragma unroll
         for (int i = 0; i < Q8_BATCH; ++i) {
             const int e = b0 + i * step + lane * 4;
+#if PRELOAD
+            // GATE_UP quantizes x before its wait, through L2 (Prologue).
+            v[i] = e < n ? __ldcg(reinterpret_cast<const float4*>(src + e)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#else
             v[i] = e < n ? __ldg(reinterpret_cast<const float4*>(src + e)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
         }
 #pragma unroll
         for (int i = 0; i < Q8_BATCH; ++i) {
@@ -407,9 +447,15 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
                        const int* __restrict__ ids, float* __restrict__ h, unsigned long long* __restrict__ count,
                        int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
+#if PRELOAD
+    // x was written launches before moe_route, this grid's predecessor:
+    // quantized before the wait (Prologue); group_experts' barriers
+    // publish it.
+    quantize_to_shared(x, q8_smem, NT * d);
+#endif
     pdl_enter();
 #if ALGO == 1 || ALGO == 2
-#if !HOIST
+#if !HOIST && !PRELOAD
     // Every token's x: group_experts' barriers publish it.
     quantize_to_shared(x, q8_smem, NT * d);
 #endif
@@ -571,12 +617,14 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
                     const int* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ y,
                     unsigned long long* __restrict__ count, int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
+#if !PRELOAD
     pdl_enter();
+#endif
 #if ALGO == 3
     // GATE_UP's records of every pair's h row: hs[p * (ffn / 32) + g].
     const XSplit* hs = reinterpret_cast<const XSplit*>(h);
 #elif ALGO != 0
-#if !HOIST
+#if !HOIST && !PRELOAD
     // Every pair's h row (a pair with an invalid id is quantized and never
     // read): group_experts' barriers publish it.
     quantize_to_shared(h, q8_smem, NT * n_used * ffn);
@@ -595,7 +643,7 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     // Groups past the end still reach the barriers below (KSPLIT > 1; HOIST=1:
     // they also take their part of the quantization).
     const bool active = row0 < d;
-#if KSPLIT == 1 && !HOIST
+#if KSPLIT == 1 && !HOIST && !PRELOAD
     if (!active) return;
 #endif
     float acc[ROWS][NT];
@@ -612,22 +660,30 @@ DEVI void down_body(const u8* __restrict__ wq, const u16* __restrict__ wd, const
     const int nunits = active ? g.n * nchunks : 0;
     const int first = slice * 32 + lane;
     int uu = first / nchunks, cc = first % nchunks;  // the unit of q = q0
-#if HOIST
-    // The loop's first units are in flight while the block quantizes h;
-    // the barrier publishes it. Every thread reaches it (no return above).
+#if HOIST || PRELOAD
+    // The loop's first units are in flight while the block quantizes h
+    // (ALGO 1, 2; the barrier publishes it) or, PRELOAD=1, while the grid
+    // ahead still runs. Every thread reaches the wait and the barrier (no
+    // return above).
     Chunk ch[UNROLL][ROWS];
     int un[UNROLL], cn[UNROLL];
     if (first < nunits) load_down<NT>(ch, un, cn, uu, cc, wq, wd, g, row0, nchunks, d, ffn);
+#if PRELOAD
+    // Everything above read the ids and the weights; h comes from GATE_UP.
+    pdl_enter();
+#endif
+#if ALGO == 1 || ALGO == 2
     // Every pair's h row (a pair with an invalid id is quantized and never
     // read).
     quantize_to_shared(h, q8_smem, NT * n_used * ffn);
     __syncthreads();
+#endif
 #if KSPLIT == 1
     if (!active) return;
 #endif
 #endif
     for (int q0 = first; q0 < nunits; q0 += 32 * KSPLIT * UNROLL) {
-#if HOIST
+#if HOIST || PRELOAD
         if (q0 != first) load_down<NT>(ch, un, cn, uu, cc, wq, wd, g, row0, nchunks, d, ffn);
 #else
         Chunk ch[UNROLL][ROWS];

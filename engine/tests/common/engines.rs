@@ -55,7 +55,17 @@ pub fn decode_bits_with_launch(
 ) -> (Vec<Vec<u32>>, u64) {
     let text = format!("name = \"{launch}\"\nbase = \"main\"\ndecode_launch = \"{launch}\"\n");
     let p = Profile::parse("decode-launch.toml", &text).expect("profile");
-    let mut e = cuda_with(model, p, 128, 32, true);
+    decode_bits_with(model, p, toks, prefill)
+}
+
+/// `decode_bits_with_launch` under `profile`.
+pub fn decode_bits_with(
+    model: &Model,
+    profile: Profile,
+    toks: &[u32],
+    prefill: usize,
+) -> (Vec<Vec<u32>>, u64) {
+    let mut e = cuda_with(model, profile, 128, 32, true);
     e.forward(&toks[..prefill], LogitRows::None)
         .expect("prefill");
     let rows = toks[prefill..]

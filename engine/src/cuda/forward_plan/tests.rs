@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::cuda::model_dims::model_bytes;
-use crate::profile::Profile;
+use crate::profile::{DecodeLaunch, Profile};
 use crate::synth::{self, SynthVariant, WeightType};
 use gemtune_kernels::bind::matmul::TailMode;
 use gemtune_kernels::bind::ActFormat;
@@ -695,6 +695,55 @@ fn moe_down_reads_the_records_its_gate_up_writes() {
         .err()
         .expect("a gate|up of 16-row blocks cannot write whole records");
     assert!(e.to_string().contains("gate_up must write them"), "{e}");
+}
+
+/// `moe-preload` binds PRELOAD=1 on the expert down GEMV of every stack
+/// and on the Q8_0 gate|up (each reads before its wait only what grids
+/// before its predecessor wrote: moe_gemv.cu, Prologue), keeps the Q4_K
+/// gate|up at main's HOIST form and chains the step; main binds PRELOAD
+/// on neither and keeps a mixture-of-experts step in stream order.
+#[test]
+fn moe_preload_binds_where_its_profile_says() {
+    let define = |plan: &ForwardPlan, id: LaunchId, k: &str| -> i64 {
+        match plan.launches[id].res.defines.get(k) {
+            Some(DefineValue::Int(v)) => *v,
+            other => panic!("{k}: {other:?}"),
+        }
+    };
+    let pre = "../variants/profiles/moe-preload.toml";
+    let cases = [
+        ("main", SynthVariant::B26A4b, WeightType::Q8_0, 0, 0),
+        ("main", SynthVariant::B26A4b, WeightType::Q4KM, 0, 0),
+        (pre, SynthVariant::B26A4b, WeightType::Q8_0, 1, 1),
+        (pre, SynthVariant::B26A4b, WeightType::Q4KM, 0, 1),
+        // The model of cuda_moe's bit-identity test of the profile.
+        (pre, SynthVariant::TinyMoe, WeightType::Q8_0, 1, 1),
+    ];
+    for (profile, v, w, gate_up, down) in cases {
+        let cfg = synth::preset(v);
+        let what = format!("{profile} {v:?} {w:?}");
+        let (plan, _) = synth_plan(profile, &cfg, w, &what);
+        let mut groups = 0;
+        for b in &plan.buckets {
+            for lp in &b.layers {
+                let Some(MoeExperts::Groups(gs)) = lp.moe.as_ref().map(|m| &m.experts) else {
+                    continue;
+                };
+                for g in gs {
+                    groups += 1;
+                    let at = format!("{what} bucket {} group {}", b.rows, g.rows);
+                    assert_eq!(define(&plan, g.gate_up, "PRELOAD"), gate_up, "{at}");
+                    assert_eq!(define(&plan, g.down, "PRELOAD"), down, "{at}");
+                    if gate_up == 0 && w == WeightType::Q4KM {
+                        assert_eq!(define(&plan, g.gate_up, "HOIST"), 1, "{at}");
+                    }
+                }
+            }
+        }
+        assert!(groups > 0, "{what}: no expert GEMV groups");
+        let chained = Profile::load(profile).expect("profile").decode_launch;
+        assert_eq!(chained == DecodeLaunch::Chained, profile == pre, "{what}");
+    }
 }
 
 /// `ple_gelu = "fused"` (main): every decode bucket's PLE gate whose

@@ -169,6 +169,7 @@ impl Family for MoeGemv {
         d.insert("H_RECORDS".into(), DefineValue::Int(0));
         d.insert("MINB".into(), DefineValue::Int(1));
         d.insert("HOIST".into(), DefineValue::Int(0));
+        d.insert("PRELOAD".into(), DefineValue::Int(0));
         d.insert("STAGE".into(), DefineValue::Str("GATE_UP".into()));
         d.insert("WTYPE".into(), crate::problem::wtype_define(wtype));
         d
@@ -279,6 +280,21 @@ impl Family for MoeGemv {
         if hoist == 1 && algo != 1 && algo != 2 {
             return Err(format!(
                 "HOIST=1 overlaps the block's quantization of the activations with its first weight loads: ALGO=1 or 2, not ALGO={algo} (which quantizes nothing)"
+            ));
+        }
+        // Work before the chained launch's wait on what earlier grids wrote
+        // (moe_gemv.cu, Prologue): the launch and the sums are the same. It
+        // may be absent (tables written before it: 0, as the planner fills in).
+        let preload = if d.contains_key("PRELOAD") {
+            int_in(d, "PRELOAD", &[0, 1]).map_err(|e| {
+                format!("{e}: PRELOAD=1 groups the experts and issues DOWN's first loads, or quantizes GATE_UP's x, before the launch's wait")
+            })?
+        } else {
+            0
+        };
+        if preload == 1 && stage == Stage::GateUp && (hoist == 1 || (algo != 1 && algo != 2)) {
+            return Err(format!(
+                "GATE_UP's PRELOAD=1 quantizes x before the launch's wait: ALGO=1 or 2 with HOIST=0 (HOIST's first loads need the ids the predecessor writes), not ALGO={algo}, HOIST={hoist}"
             ));
         }
         if (records || algo == 3) && mp.ffn % 32 != 0 {

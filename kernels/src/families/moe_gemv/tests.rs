@@ -351,6 +351,68 @@ fn minb_and_hoist_keep_the_launch_and_refuse_what_they_cannot_do() {
     f.validate(&q8_1, &p, &lim).expect("GATE_UP ALGO 1 hoisted");
 }
 
+/// PRELOAD (work on earlier grids' outputs before the chained launch's
+/// wait) changes neither the launch nor the contract. DOWN takes it on
+/// every ALGO; GATE_UP only where it quantizes x (ALGO 1, 2) without
+/// HOIST, whose first loads need the ids its predecessor writes. Absent
+/// is 0 (tables written before the define).
+#[test]
+fn preload_keeps_the_launch_and_refuses_what_it_cannot_do() {
+    let f = MoeGemv;
+    let lim = DeviceLimits::for_arch(Arch(90));
+    let base = f.default_defines(GgmlType::Q8_0);
+    assert_eq!(base.get("PRELOAD"), Some(&DefineValue::Int(0)));
+    let gu = with(
+        &base,
+        &[
+            ("ALGO", 2i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("H_RECORDS", 1i64.into()),
+        ],
+    );
+    let down = with(
+        &base,
+        &[
+            ("STAGE", "DOWN".into()),
+            ("ALGO", 3i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("KSPLIT", 4i64.into()),
+        ],
+    );
+    let down_split = with(&down, &[("ALGO", 2i64.into()), ("KSPLIT", 2i64.into())]);
+    let down_fma = with(&down, &[("ALGO", 0i64.into())]);
+    let down_q8_1 = with(
+        &down_split,
+        &[("ALGO", 1i64.into()), ("HOIST", 1i64.into())],
+    );
+    for tokens in [1, 3, 8] {
+        let p = prob(tokens, 128, 8, 2816, 704, GgmlType::Q8_0);
+        for d in [&gu, &down, &down_split, &down_fma, &down_q8_1] {
+            let g = f.validate(d, &p, &lim).expect("PRELOAD=0");
+            let pre = with(d, &[("PRELOAD", 1i64.into())]);
+            assert_eq!(f.validate(&pre, &p, &lim).expect("PRELOAD=1"), g);
+            assert_eq!(f.contract(&pre), f.contract(d));
+            let mut absent = d.clone();
+            absent.remove("PRELOAD");
+            assert_eq!(f.validate(&absent, &p, &lim).expect("no PRELOAD"), g);
+        }
+    }
+    let p = prob(1, 128, 8, 2816, 704, GgmlType::Q8_0);
+    let bad = |d: &Defines, want: &str| {
+        let e = f.validate(d, &p, &lim).expect_err(want);
+        assert!(e.contains(want), "{e}");
+    };
+    bad(&with(&down, &[("PRELOAD", 2i64.into())]), "PRELOAD=2");
+    // GATE_UP: FMA on f32 x (nothing to quantize), and HOIST.
+    bad(&with(&base, &[("PRELOAD", 1i64.into())]), "not ALGO=0");
+    bad(
+        &with(&gu, &[("PRELOAD", 1i64.into()), ("HOIST", 1i64.into())]),
+        "HOIST=1",
+    );
+}
+
 /// ALGO 1's replay is each pair's dense Q8_1 replay
 /// (`matmul_q8_replay`, the dense dp4a GEMV's) on the chosen expert's
 /// rows: GATE_UP through gelu(g) * u, DOWN weighted and summed.
