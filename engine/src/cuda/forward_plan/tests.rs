@@ -631,6 +631,27 @@ fn lossless_profiles_refuse_lossy_conversions() {
     }
 }
 
+/// The integer define `k` of launch `id`.
+fn int_define(plan: &ForwardPlan, id: LaunchId, k: &str) -> i64 {
+    match plan.launches[id].res.defines.get(k) {
+        Some(DefineValue::Int(v)) => *v,
+        other => panic!("{k}: {other:?}"),
+    }
+}
+
+/// Every expert GEMV group of the plan's MoE layers, with its bucket's rows.
+fn expert_groups(plan: &ForwardPlan) -> Vec<(usize, &MoeGroupPlan)> {
+    let mut out = Vec::new();
+    for b in &plan.buckets {
+        for lp in &b.layers {
+            if let Some(MoeExperts::Groups(gs)) = lp.moe.as_ref().map(|m| &m.experts) {
+                out.extend(gs.iter().map(|g| (b.rows, g)));
+            }
+        }
+    }
+    out
+}
+
 /// The expert down stage reads h as split records (moe_gemv ALGO 3) only
 /// where the plan binds its gate|up to write them (H_RECORDS=1): main on
 /// every dp4a-able stack, neither under `moe-split` (both stages split
@@ -638,12 +659,6 @@ fn lossless_profiles_refuse_lossy_conversions() {
 /// whole records under a records-reading down is refused with the reason.
 #[test]
 fn moe_down_reads_the_records_its_gate_up_writes() {
-    let define = |plan: &ForwardPlan, id: LaunchId, k: &str| -> i64 {
-        match plan.launches[id].res.defines.get(k) {
-            Some(DefineValue::Int(v)) => *v,
-            other => panic!("{k}: {other:?}"),
-        }
-    };
     let cases = [
         ("main", SynthVariant::B26A4b, WeightType::Q8_0, true),
         ("main", SynthVariant::B26A4b, WeightType::Q4KM, true),
@@ -661,22 +676,18 @@ fn moe_down_reads_the_records_its_gate_up_writes() {
         let cfg = synth::preset(v);
         let what = format!("{profile} {v:?} {w:?}");
         let (plan, _) = synth_plan(profile, &cfg, w, &what);
-        let mut groups = 0;
-        for b in &plan.buckets {
-            for lp in &b.layers {
-                let Some(MoeExperts::Groups(gs)) = lp.moe.as_ref().map(|m| &m.experts) else {
-                    continue;
-                };
-                for g in gs {
-                    groups += 1;
-                    let at = format!("{what} bucket {} group {}", b.rows, g.rows);
-                    let algo = define(&plan, g.down, "ALGO");
-                    assert_eq!(algo == 3, records, "{at}: down ALGO {algo}");
-                    assert_eq!(define(&plan, g.gate_up, "H_RECORDS") == 1, records, "{at}");
-                }
-            }
+        let groups = expert_groups(&plan);
+        assert!(!groups.is_empty(), "{what}: no expert GEMV groups");
+        for (bucket, g) in groups {
+            let at = format!("{what} bucket {bucket} group {}", g.rows);
+            let algo = int_define(&plan, g.down, "ALGO");
+            assert_eq!(algo == 3, records, "{at}: down ALGO {algo}");
+            assert_eq!(
+                int_define(&plan, g.gate_up, "H_RECORDS") == 1,
+                records,
+                "{at}"
+            );
         }
-        assert!(groups > 0, "{what}: no expert GEMV groups");
     }
     let narrow = Profile::parse(
         "narrow.toml",
@@ -704,12 +715,6 @@ fn moe_down_reads_the_records_its_gate_up_writes() {
 /// on neither and keeps a mixture-of-experts step in stream order.
 #[test]
 fn moe_preload_binds_where_its_profile_says() {
-    let define = |plan: &ForwardPlan, id: LaunchId, k: &str| -> i64 {
-        match plan.launches[id].res.defines.get(k) {
-            Some(DefineValue::Int(v)) => *v,
-            other => panic!("{k}: {other:?}"),
-        }
-    };
     let pre = "../variants/profiles/moe-preload.toml";
     let cases = [
         ("main", SynthVariant::B26A4b, WeightType::Q8_0, 0, 0),
@@ -723,24 +728,16 @@ fn moe_preload_binds_where_its_profile_says() {
         let cfg = synth::preset(v);
         let what = format!("{profile} {v:?} {w:?}");
         let (plan, _) = synth_plan(profile, &cfg, w, &what);
-        let mut groups = 0;
-        for b in &plan.buckets {
-            for lp in &b.layers {
-                let Some(MoeExperts::Groups(gs)) = lp.moe.as_ref().map(|m| &m.experts) else {
-                    continue;
-                };
-                for g in gs {
-                    groups += 1;
-                    let at = format!("{what} bucket {} group {}", b.rows, g.rows);
-                    assert_eq!(define(&plan, g.gate_up, "PRELOAD"), gate_up, "{at}");
-                    assert_eq!(define(&plan, g.down, "PRELOAD"), down, "{at}");
-                    if gate_up == 0 && w == WeightType::Q4KM {
-                        assert_eq!(define(&plan, g.gate_up, "HOIST"), 1, "{at}");
-                    }
-                }
+        let groups = expert_groups(&plan);
+        assert!(!groups.is_empty(), "{what}: no expert GEMV groups");
+        for (bucket, g) in groups {
+            let at = format!("{what} bucket {bucket} group {}", g.rows);
+            assert_eq!(int_define(&plan, g.gate_up, "PRELOAD"), gate_up, "{at}");
+            assert_eq!(int_define(&plan, g.down, "PRELOAD"), down, "{at}");
+            if gate_up == 0 && w == WeightType::Q4KM {
+                assert_eq!(int_define(&plan, g.gate_up, "HOIST"), 1, "{at}");
             }
         }
-        assert!(groups > 0, "{what}: no expert GEMV groups");
         let chained = Profile::load(profile).expect("profile").decode_launch;
         assert_eq!(chained == DecodeLaunch::Chained, profile == pre, "{what}");
     }

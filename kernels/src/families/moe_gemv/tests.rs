@@ -27,6 +27,31 @@ fn with(d: &Defines, kv: &[(&str, DefineValue)]) -> Defines {
     d
 }
 
+/// main's two expert stages on the Q8_0 defaults `base`: GATE_UP on split
+/// Q8 writing h as records, DOWN reading them (ALGO 3, split-K 4).
+fn main_records_stages(base: &Defines) -> (Defines, Defines) {
+    let gu = with(
+        base,
+        &[
+            ("ALGO", 2i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("H_RECORDS", 1i64.into()),
+        ],
+    );
+    let down = with(
+        base,
+        &[
+            ("STAGE", "DOWN".into()),
+            ("ALGO", 3i64.into()),
+            ("ROWS", 4i64.into()),
+            ("WARPS", 8i64.into()),
+            ("KSPLIT", 4i64.into()),
+        ],
+    );
+    (gu, down)
+}
+
 #[test]
 fn validate_gives_both_stages_their_geometry() {
     let f = MoeGemv;
@@ -288,25 +313,7 @@ fn minb_and_hoist_keep_the_launch_and_refuse_what_they_cannot_do() {
     let base = f.default_defines(GgmlType::Q8_0);
     assert_eq!(base.get("MINB"), Some(&DefineValue::Int(1)));
     assert_eq!(base.get("HOIST"), Some(&DefineValue::Int(0)));
-    let gu = with(
-        &base,
-        &[
-            ("ALGO", 2i64.into()),
-            ("ROWS", 4i64.into()),
-            ("WARPS", 8i64.into()),
-            ("H_RECORDS", 1i64.into()),
-        ],
-    );
-    let down = with(
-        &base,
-        &[
-            ("STAGE", "DOWN".into()),
-            ("ALGO", 3i64.into()),
-            ("ROWS", 4i64.into()),
-            ("WARPS", 8i64.into()),
-            ("KSPLIT", 4i64.into()),
-        ],
-    );
+    let (gu, down) = main_records_stages(&base);
     for tokens in [1, 8] {
         let p = prob(tokens, 128, 8, 2816, 704, GgmlType::Q8_0);
         for d in [&gu, &down] {
@@ -362,25 +369,7 @@ fn preload_keeps_the_launch_and_refuses_what_it_cannot_do() {
     let lim = DeviceLimits::for_arch(Arch(90));
     let base = f.default_defines(GgmlType::Q8_0);
     assert_eq!(base.get("PRELOAD"), Some(&DefineValue::Int(0)));
-    let gu = with(
-        &base,
-        &[
-            ("ALGO", 2i64.into()),
-            ("ROWS", 4i64.into()),
-            ("WARPS", 8i64.into()),
-            ("H_RECORDS", 1i64.into()),
-        ],
-    );
-    let down = with(
-        &base,
-        &[
-            ("STAGE", "DOWN".into()),
-            ("ALGO", 3i64.into()),
-            ("ROWS", 4i64.into()),
-            ("WARPS", 8i64.into()),
-            ("KSPLIT", 4i64.into()),
-        ],
-    );
+    let (gu, down) = main_records_stages(&base);
     let down_split = with(&down, &[("ALGO", 2i64.into()), ("KSPLIT", 2i64.into())]);
     let down_fma = with(&down, &[("ALGO", 0i64.into())]);
     let down_q8_1 = with(
