@@ -17,9 +17,9 @@
 # __launch_bounds__ for several blocks per SM (OCC_BLOCKS in their source)
 # have a ceiling below 255 that the baseline does not record, so every
 # point of theirs is compiled. sm_80 and sm_89 are compiled by the pinned
-# compiler only (every named variant, in the compile report); the newer
-# compiler there costs CI about 4 minutes an arch, which its 90-minute
-# budget on two cores does not hold (reports/ci-time-2026-12-07.md).
+# compiler only (every named variant, in the compile report): the newer
+# compiler's passes over them did not fit CI's 90 minutes on two cores
+# (reports/ci-time-2026-12-07.md).
 # NVRTC_NEWEST_ARCHS="sm_80 sm_89 sm_90" adds them (their named variants).
 # Its cubins are cached in target/gemtune/nvrtc-newest-cubin (the newest
 # compiler's own cache, inside the checkout) and pip keeps no download cache.
