@@ -136,9 +136,9 @@
 //                then quantizes while those loads are in flight (ALGO 0
 //                and 3 quantize nothing: 0)
 //   PRELOAD      0 = everything after the launch's wait; 1 = the work on
-//                inputs of earlier grids before it (Prologue above): DOWN
-//                groups and issues its first units, GATE_UP (ALGO 1, 2,
-//                HOIST=0) quantizes x
+//                inputs of earlier grids before it (Prologue above): the
+//                down stage groups and issues its first units, the gate|up
+//                stage (ALGO 1 or 2, without HOIST) quantizes x
 
 #ifndef WTYPE
 #error "moe_gemv.cu needs WTYPE"
