@@ -231,7 +231,12 @@ fn moe_preload_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
     let m = tiny_moe(WeightType::Q8_0);
     let toks = prompt(&m, 70, 7);
     let (plain, _) = decode_bits_with_launch(&m, "plain", &toks, 29);
-    let p = Profile::load("../variants/profiles/moe-preload.toml").expect("moe-preload");
+    // Embedded, so the staged test runs from any directory.
+    let p = Profile::parse(
+        "variants/profiles/moe-preload.toml",
+        include_str!("../../variants/profiles/moe-preload.toml"),
+    )
+    .expect("moe-preload");
     let (pre, n) = decode_bits_with(&m, p, &toks, 29);
     assert!(n > 0, "moe-preload chained nothing");
     assert!(pre == plain, "moe-preload decode differs from plain decode");

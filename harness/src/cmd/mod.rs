@@ -13,4 +13,3 @@ pub mod search_replay;
 pub mod synth;
 pub mod tokenize;
 pub mod tune;
-pub mod tune_search;

@@ -19,7 +19,7 @@
 //! order: every search of the L2 phase, then every search of the DRAM
 //! phase.
 
-use super::tune::{TuneAnswer, TuneTask};
+use super::worker::{TuneAnswer, TuneTask};
 use gemtune::cells::{CellId, WorkCell};
 use gemtune::checker::FamilyJob;
 use gemtune::results::{CheckRow, TuneRow};
