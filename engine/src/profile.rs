@@ -104,6 +104,15 @@ pub struct ProfileFile {
     /// Inherited from the base unless set.
     #[serde(default)]
     pub norm_tail: Option<String>,
+    /// Where a mixture-of-experts layer launches its router: `"late"`
+    /// (after the shared MLP, just before the expert GEMVs) or `"early"`
+    /// (right after the attention residual, before the shared MLP: both
+    /// read only the FFN block's input, so the logits are the same). Early,
+    /// a grid stands between the router and the expert gate|up, which may
+    /// then read the router's ids before its chained launch's wait
+    /// (moe_gemv PRELOAD=2). Inherited from the base unless set.
+    #[serde(default)]
+    pub moe_route: Option<String>,
     #[serde(default)]
     pub slot: BTreeMap<String, SlotChoice>,
     #[serde(default)]
@@ -204,6 +213,9 @@ pub struct Profile {
     /// Decode projections run the norm after them in their GEMV's tail
     /// (`ProfileFile::norm_tail = "fused"`).
     pub fuse_norm_tail: bool,
+    /// A MoE layer launches its router before the shared MLP
+    /// (`ProfileFile::moe_route = "early"`).
+    pub moe_route_early: bool,
     pub slots: BTreeMap<String, SlotChoice>,
     pub fallbacks: BTreeMap<String, Choice>,
     /// Where each slot entry was written, `FILE:LINE` (an entry inherited
@@ -579,6 +591,7 @@ impl Profile {
                 decode_launch: DecodeLaunch::Plain,
                 fuse_ple_gelu: false,
                 fuse_norm_tail: false,
+                moe_route_early: false,
                 slots: BTreeMap::new(),
                 fallbacks: BTreeMap::new(),
                 origins: BTreeMap::new(),
@@ -635,6 +648,17 @@ impl Profile {
             f.norm_tail.as_deref(),
             &mut p.fuse_norm_tail,
         )?;
+        match f.moe_route.as_deref() {
+            None => {}
+            Some("early") => p.moe_route_early = true,
+            Some("late") => p.moe_route_early = false,
+            Some(other) => {
+                return Err(ProfileError::Parse {
+                    at: loc.key(&["moe_route"]),
+                    msg: format!("moe_route = \"{other}\": write \"early\" or \"late\""),
+                })
+            }
+        }
         if p.lossless && p.head_convert.is_some() {
             return Err(ProfileError::Parse {
                 at: loc.key(&["head_convert"]),
@@ -944,6 +968,34 @@ mod tests {
             e.starts_with("t.toml:3:") && e.contains("\"chained-dense\" or \"plain\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn moe_route_is_read_inherited_and_checked() {
+        assert!(!Profile::load("main").expect("main").moe_route_early);
+        let parse = |body: &str| Profile::parse("t.toml", &format!("name = \"x\"\n{body}"));
+        let early = parse("base = \"main\"\nmoe_route = \"early\"\n").expect("early");
+        assert!(early.moe_route_early);
+        assert!(
+            !parse("base = \"main\"\nmoe_route = \"late\"\n")
+                .expect("late")
+                .moe_route_early
+        );
+        let text = "name = \"x\"\nbase = \"main\"\nmoe_route = \"early\"\n";
+        let dir = std::env::temp_dir().join(format!("gemtune-moe-route-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let base = dir.join("early.toml");
+        std::fs::write(&base, text).expect("write");
+        let child = parse(&format!("base = \"{}\"\n", base.display())).expect("child");
+        assert!(child.moe_route_early, "inherited from the base");
+        let e = parse("base = \"main\"\nmoe_route = \"first\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("t.toml:3:") && e.contains("\"early\" or \"late\""),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

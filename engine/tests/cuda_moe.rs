@@ -241,3 +241,26 @@ fn moe_preload_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
     assert!(n > 0, "moe-preload chained nothing");
     assert!(pre == plain, "moe-preload decode differs from plain decode");
 }
+
+/// `moe-early` launches the router before the shared MLP and has the
+/// expert gate|up group, load and split x before its wait (PRELOAD=2):
+/// every input it reads is two or more launches back. Its logits are
+/// main's plain ones bit for bit: the router's and the shared MLP's inputs
+/// are the same buffers, and the sums are the same in the same order.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_early_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
+    let m = tiny_moe(WeightType::Q8_0);
+    let toks = prompt(&m, 70, 7);
+    let (plain, _) = decode_bits_with_launch(&m, "plain", &toks, 29);
+    // Embedded, so the staged test runs from any directory.
+    let p = Profile::parse(
+        "variants/profiles/moe-early.toml",
+        include_str!("../../variants/profiles/moe-early.toml"),
+    )
+    .expect("moe-early");
+    assert!(p.moe_route_early, "moe-early launches the router early");
+    let (early, n) = decode_bits_with(&m, p, &toks, 29);
+    assert!(n > 0, "moe-early chained nothing");
+    assert!(early == plain, "moe-early decode differs from plain decode");
+}

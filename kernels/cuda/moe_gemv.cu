@@ -49,6 +49,13 @@
 // earlier layer's launch left in this SM's L1 may be stale. Under ALGO 1
 // and 2 DOWN then quantizes h after the wait, in HOIST's order. The same
 // chunks meet the same values in the same order as with PRELOAD=0.
+// PRELOAD=2 (GATE_UP, HOIST=1) takes the whole prologue before the wait:
+// grouping (the ids), the first UNROLL chunks and x's quantization. It is
+// for an engine that launches moe_route before the shared MLP, so that at
+// least one grid stands between the router and GATE_UP and the ids are two
+// or more launches back too; nothing is read after the wait. Every block
+// still waits, the ones with no expert too, so that the grid completes
+// after its predecessor and the chain's order holds for the grids after.
 //
 // Weights: the expert tensor as one matrix of E * rows rows, in the layout
 // of the dense GEMV (gemv.cu, gemv_chunk.cuh): LAYOUT 0 GGUF blocks (Q8_0,
@@ -138,7 +145,10 @@
 //   PRELOAD      0 = everything after the launch's wait; 1 = the work on
 //                inputs of earlier grids before it (Prologue above): the
 //                down stage groups and issues its first units, the gate|up
-//                stage (ALGO 1 or 2, without HOIST) quantizes x
+//                stage (ALGO 1 or 2, without HOIST) quantizes x; 2 = the
+//                gate|up stage's whole prologue before it (grouping, first
+//                units, x; ALGO 1 or 2 with HOIST), for the router launched
+//                before the shared MLP
 
 #ifndef WTYPE
 #error "moe_gemv.cu needs WTYPE"
@@ -233,11 +243,14 @@
 #if HOIST != 0 && (HOIST != 1 || (ALGO != 1 && ALGO != 2))
 #error "moe_gemv.cu: HOIST=1 overlaps the block's quantization of the activations (ALGO 1, 2) with its first weight loads"
 #endif
-#if PRELOAD != 0 && PRELOAD != 1
-#error "moe_gemv.cu: PRELOAD must be 0 or 1"
+#if PRELOAD != 0 && PRELOAD != 1 && PRELOAD != 2
+#error "moe_gemv.cu: PRELOAD must be 0, 1 or 2"
 #endif
-#if PRELOAD && STAGE == GATE_UP && (HOIST || (ALGO != 1 && ALGO != 2))
+#if PRELOAD == 1 && STAGE == GATE_UP && (HOIST || (ALGO != 1 && ALGO != 2))
 #error "moe_gemv.cu: GATE_UP's PRELOAD=1 quantizes x before the wait (ALGO 1, 2; HOIST=0: HOIST's first loads need the ids)"
+#endif
+#if PRELOAD == 2 && (STAGE != GATE_UP || !HOIST)
+#error "moe_gemv.cu: PRELOAD=2 is GATE_UP's HOIST order before the wait (STAGE=GATE_UP, HOIST=1)"
 #endif
 #if ROWS * UNROLL > (STAGE == GATE_UP ? 8 : 16)
 #error "moe_gemv.cu: ROWS * UNROLL over the register budget (GATE_UP 8, DOWN 16)"
@@ -447,13 +460,15 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
                        const int* __restrict__ ids, float* __restrict__ h, unsigned long long* __restrict__ count,
                        int d, int ffn, int n_experts, int n_used) {
     __shared__ Groups<NT> g;
-#if PRELOAD
+#if PRELOAD == 1
     // x was written launches before moe_route, this grid's predecessor:
     // quantized before the wait (Prologue); group_experts' barriers
     // publish it.
     quantize_to_shared(x, q8_smem, NT * d);
 #endif
+#if PRELOAD != 2
     pdl_enter();
+#endif
 #if ALGO == 1 || ALGO == 2
 #if !HOIST && !PRELOAD
     // Every token's x: group_experts' barriers publish it.
@@ -468,7 +483,12 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
 #endif
     group_experts<NT>(ids, n_experts, n_used, g);
     const int u = blockIdx.y;
-    if (u >= g.n) return;  // the whole block (u and g.n are the same on every thread)
+    if (u >= g.n) {  // the whole block (u and g.n are the same on every thread)
+#if PRELOAD == 2
+        pdl_enter();
+#endif
+        return;
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * WARPS + warp) * ROWS;
     const bool active = row0 < ffn;
@@ -495,6 +515,10 @@ DEVI void gate_up_body(const u8* __restrict__ wq, const u16* __restrict__ wd, co
     if (lane < nchunks) load_gate_up(ch, wq, wd, base, row0, lane, nchunks, d, ffn);
     quantize_to_shared(x, q8_smem, NT * d);
     __syncthreads();
+#if PRELOAD == 2
+    // The prologue read only what grids two or more launches back wrote.
+    pdl_enter();
+#endif
 #if !H_RECORDS
     if (!active) return;
 #endif

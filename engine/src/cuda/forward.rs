@@ -146,8 +146,17 @@ impl CudaEngine<'_> {
             self.record_trace(l, rows, false)?;
         }
         self.attn_residual(k, lp, l, rows)?;
+        // The router reads only the FFN block's input (the attention
+        // residual writes it), so it may run before the shared MLP.
+        let route_early = lp.moe.as_ref().is_some_and(|m| m.route_early);
+        if route_early {
+            self.moe_route(k, lp, l, rows)?;
+        }
         self.ffn_block(k, lp, l, rows)?;
-        self.moe_block(k, lp, l, rows)?;
+        if !route_early {
+            self.moe_route(k, lp, l, rows)?;
+        }
+        self.moe_experts(k, lp, l, rows)?;
         self.ple_injection(k, lp, l, rows)?;
         self.layer_end(k, lp, l, rows, next)?;
         if self.trace.borrow().is_some() {

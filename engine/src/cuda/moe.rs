@@ -1,12 +1,15 @@
-//! The mixture-of-experts FFN block of 26B-A4B on the GPU: the stage
-//! (`CudaEngine::moe_block`) that runs the launches a bucket planned for it
-//! (`forward_plan::MoePlan`) on its buffers (`buffers::MoeBuffers`).
+//! The mixture-of-experts FFN block of 26B-A4B on the GPU: the stages
+//! (`CudaEngine::moe_route`, `CudaEngine::moe_experts`) that run the
+//! launches a bucket planned for it (`forward_plan::MoePlan`) on its
+//! buffers (`buffers::MoeBuffers`).
 //!
 //! On a MoE layer the attention residual's norm (the sandwich-norm
 //! kernel with `OUTS=3`) writes, from one sum of squares of the residual
 //! stream `h`, the shared MLP's input and the experts' two inputs;
 //! `ffn_block` runs the dense shared MLP into `y` as on every model; this
-//! block routes and runs the experts into `e`; and the launch that adds
+//! block routes (after the shared MLP, or before it with `route_early`:
+//! the router reads only the FFN block's input) and runs the experts into
+//! `e`; and the launch that adds
 //! the FFN's output to `h` (`layer_end`, `SUM_IN=1`) sums the two halves
 //! with their post norms (`cpu::moe` is the reference):
 //!
@@ -49,11 +52,10 @@ use super::weights::{GpuMatrix, Layouts, MoeLayerWeights};
 use crate::engine::EngineError;
 
 impl CudaEngine<'_> {
-    /// The expert block of MoE layer `l` (its inputs `z` and `a2` written
-    /// by the attention residual): routes the rows and leaves the experts'
-    /// weighted sum in `MoeBuffers::e`, which `layer_end` sums with the
-    /// shared MLP's `y`. Does nothing on a dense layer.
-    pub(super) fn moe_block(
+    /// The router of MoE layer `l` (its input `z` written by the attention
+    /// residual): each row's chosen experts and their weights into
+    /// `MoeBuffers::ids` / `weights`. Does nothing on a dense layer.
+    pub(super) fn moe_route(
         &self,
         k: &[Kernel],
         lp: &LayerPlan,
@@ -68,23 +70,12 @@ impl CudaEngine<'_> {
         ) else {
             return Ok(());
         };
-        let cfg = self.model.config();
-        let (d, kk, fe, ne) = (
-            cfg.d_model,
+        let (d, kk, ne) = (
+            self.model.config().d_model,
             moe.n_experts_used,
-            moe.expert_ffn_dim,
             moe.n_experts,
         );
         let r = rows.n;
-        let gu_w = |m: &GpuMatrix, lay: Layouts| -> Result<ExpertWeights, EngineError> {
-            let layout = lay.only().ok_or_else(|| {
-                EngineError::Device(format!("{}: not planned in one layout", m.name))
-            })?;
-            let w = m.weights_from(layout, 0).map_err(dev)?;
-            Ok(ExpertWeights { q: w.q, d: w.d })
-        };
-        let w_gu = gu_w(&mw.gate_up, mp.gate_up_layout)?;
-        let w_dn = gu_w(&mw.down, mp.down_layout)?;
         // The router: every full group of MOE_GROUP_ROWS rows in one launch
         // (grid.y groups, a counter each), then the remainder.
         self.mark(Phase::MoeRoute)?;
@@ -120,6 +111,45 @@ impl CudaEngine<'_> {
             self.launch_kernel_grid(kr, grid, &route.kargs())?;
             r0 += n * groups;
         }
+        Ok(())
+    }
+
+    /// The chosen experts of MoE layer `l` (their input `a2` written by the
+    /// attention residual, the router's choices by `moe_route`): their
+    /// weighted sum in `MoeBuffers::e`, which `layer_end` sums with the
+    /// shared MLP's `y`. Does nothing on a dense layer.
+    pub(super) fn moe_experts(
+        &self,
+        k: &[Kernel],
+        lp: &LayerPlan,
+        l: usize,
+        rows: Rows,
+    ) -> Result<(), EngineError> {
+        let (Some(mp), Some(mw), Some(mb), Some(moe)) = (
+            lp.moe.as_ref(),
+            self.w.layers[l].moe.as_ref(),
+            self.moe_buffers.as_ref(),
+            self.model.config().moe.as_ref(),
+        ) else {
+            return Ok(());
+        };
+        let cfg = self.model.config();
+        let (d, kk, fe, ne) = (
+            cfg.d_model,
+            moe.n_experts_used,
+            moe.expert_ffn_dim,
+            moe.n_experts,
+        );
+        let r = rows.n;
+        let gu_w = |m: &GpuMatrix, lay: Layouts| -> Result<ExpertWeights, EngineError> {
+            let layout = lay.only().ok_or_else(|| {
+                EngineError::Device(format!("{}: not planned in one layout", m.name))
+            })?;
+            let w = m.weights_from(layout, 0).map_err(dev)?;
+            Ok(ExpertWeights { q: w.q, d: w.d })
+        };
+        let w_gu = gu_w(&mw.gate_up, mp.gate_up_layout)?;
+        let w_dn = gu_w(&mw.down, mp.down_layout)?;
         if let MoeExperts::Grouped(gp) = &mp.experts {
             self.moe_grouped(k, gp, (w_gu, w_dn), r)?;
         } else {

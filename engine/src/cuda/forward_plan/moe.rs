@@ -59,6 +59,9 @@ pub struct MoePlan {
     /// groups of a chunk in one launch (grid.y).
     pub routes: Vec<(usize, LaunchId)>,
     pub experts: MoeExperts,
+    /// The router runs before the shared MLP, right after the attention
+    /// residual (`Profile::moe_route_early`); otherwise after it.
+    pub route_early: bool,
     /// The layouts the expert stacks are read in.
     pub gate_up_layout: Layouts,
     pub down_layout: Layouts,
@@ -91,6 +94,14 @@ fn stage(s: &str) -> Vec<(&'static str, DefineValue)> {
     vec![("STAGE", DefineValue::Str(s.into()))]
 }
 
+/// A resolved `moe_gemv`'s PRELOAD (absent: 0).
+fn preload_of(d: &gemtune_kernels::defines::Defines) -> i64 {
+    match d.get("PRELOAD") {
+        Some(DefineValue::Int(v)) => *v,
+        _ => 0,
+    }
+}
+
 /// Whether a resolved `moe_gemv` DOWN reads h as the split records a
 /// GATE_UP with `H_RECORDS=1` writes (ALGO 3).
 fn down_reads_records(d: &gemtune_kernels::defines::Defines) -> bool {
@@ -111,6 +122,7 @@ impl Builder<'_> {
                 wtype,
             })
         };
+        let route_early = self.planner.profile.moe_route_early;
         let mut routes = Vec::new();
         for n in group_sizes(r) {
             let id = self.push(
@@ -165,6 +177,12 @@ impl Builder<'_> {
                                 e
                             }
                         })?;
+                    if !route_early && preload_of(&self.launches[gate_up].res.defines) == 2 {
+                        return Err(PlanError::slot(
+                            Slot::MoeGateUp,
+                            "moe_gemv PRELOAD=2 reads the router's ids before the chained launch's wait, which needs a grid between the router and gate|up: the profile must launch the router before the shared MLP (moe_route = \"early\")",
+                        ));
+                    }
                     for (id, lay) in [(gate_up, &mut gate_up_layout), (down, &mut down_layout)] {
                         let l = &self.launches[id];
                         let b = expert_binding(&l.res.defines)
@@ -194,6 +212,7 @@ impl Builder<'_> {
         Ok(MoePlan {
             routes,
             experts,
+            route_early,
             gate_up_layout,
             down_layout,
         })

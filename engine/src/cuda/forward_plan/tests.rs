@@ -743,6 +743,65 @@ fn moe_preload_binds_where_its_profile_says() {
     }
 }
 
+/// `moe-early` launches each MoE layer's router before the shared MLP and
+/// binds PRELOAD=2 on the Q8_0 and Q4_K gate|up (its whole HOIST prologue
+/// before the wait), PRELOAD=1 on down; main keeps the router late. A
+/// profile that binds PRELOAD=2 with the router late is refused: the ids
+/// would be its predecessor's output.
+#[test]
+fn moe_early_routes_before_the_shared_mlp_and_refuses_preload2_without_it() {
+    let early = "../variants/profiles/moe-early.toml";
+    let cases = [
+        ("main", WeightType::Q8_0, false, 0, 0),
+        (early, WeightType::Q8_0, true, 2, 1),
+        (early, WeightType::Q4KM, true, 2, 1),
+    ];
+    for (profile, w, route_early, gate_up, down) in cases {
+        for v in [SynthVariant::B26A4b, SynthVariant::TinyMoe] {
+            let cfg = synth::preset(v);
+            let what = format!("{profile} {v:?} {w:?}");
+            let (plan, _) = synth_plan(profile, &cfg, w, &what);
+            let mut layers = 0;
+            for lp in plan.buckets.iter().flat_map(|b| &b.layers) {
+                if let Some(m) = &lp.moe {
+                    assert_eq!(m.route_early, route_early, "{what}");
+                    layers += 1;
+                }
+            }
+            assert!(layers > 0, "{what}: no MoE layer");
+            for (bucket, g) in expert_groups(&plan) {
+                let at = format!("{what} bucket {bucket} group {}", g.rows);
+                assert_eq!(int_define(&plan, g.gate_up, "PRELOAD"), gate_up, "{at}");
+                assert_eq!(int_define(&plan, g.down, "PRELOAD"), down, "{at}");
+                if gate_up == 2 {
+                    assert_eq!(int_define(&plan, g.gate_up, "HOIST"), 1, "{at}");
+                }
+            }
+        }
+    }
+    // moe-early's gate|up entry with the router late.
+    let text = r#"
+name = "late-preload2"
+base = "main"
+[slot."moe_gemv@Q8_0"]
+family = "moe_gemv"
+defines = { ALGO = 2, LAYOUT = 1, ROWS = 4, WARPS = 8, UNROLL = 1, KSPLIT = 1, COUNT_BYTES = 0, HOIST = 1, PRELOAD = 2 }
+"#;
+    let profile = Profile::parse("late-preload2.toml", text).expect("parses");
+    let planner = Planner::new(profile, None, DeviceLimits::for_arch(Arch(90)));
+    let cfg = synth::preset(SynthVariant::TinyMoe);
+    let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
+    let sizing = Sizing {
+        max_seq: 4096,
+        ubatch: 512,
+        kv_type: KvType::F16,
+    };
+    let e = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+        .err()
+        .expect("PRELOAD=2 with the router after the shared MLP");
+    assert!(e.to_string().contains("moe_route = \"early\""), "{e}");
+}
+
 /// `ple_gelu = "fused"` (main): every decode bucket's PLE gate whose
 /// projection reads f32 rows (Q8_0: FMA) is a GEMV bound to FUSE=2
 /// (gelu(gate) times the per-layer input, its side operand) and no

@@ -286,8 +286,8 @@ impl Family for MoeGemv {
         // (moe_gemv.cu, Prologue): the launch and the sums are the same. It
         // may be absent (tables written before it: 0, as the planner fills in).
         let preload = if d.contains_key("PRELOAD") {
-            int_in(d, "PRELOAD", &[0, 1]).map_err(|e| {
-                format!("{e}: PRELOAD=1 groups the experts and issues DOWN's first loads, or quantizes GATE_UP's x, before the launch's wait")
+            int_in(d, "PRELOAD", &[0, 1, 2]).map_err(|e| {
+                format!("{e}: PRELOAD=1 groups the experts and issues DOWN's first loads, or quantizes GATE_UP's x, before the launch's wait; PRELOAD=2 runs GATE_UP's whole HOIST prologue before it")
             })?
         } else {
             0
@@ -295,6 +295,14 @@ impl Family for MoeGemv {
         if preload == 1 && stage == Stage::GateUp && (hoist == 1 || (algo != 1 && algo != 2)) {
             return Err(format!(
                 "GATE_UP's PRELOAD=1 quantizes x before the launch's wait: ALGO=1 or 2 with HOIST=0 (HOIST's first loads need the ids the predecessor writes), not ALGO={algo}, HOIST={hoist}"
+            ));
+        }
+        // PRELOAD=2 also reads the ids before the wait: the engine binds it
+        // only where the router runs before the shared MLP (a grid between).
+        if preload == 2 && (stage != Stage::GateUp || hoist != 1) {
+            return Err(format!(
+                "PRELOAD=2 is GATE_UP's HOIST order (grouping, first units, x) before the launch's wait: STAGE=GATE_UP with HOIST=1 (ALGO 1 or 2), not STAGE={} with HOIST={hoist}",
+                if stage == Stage::GateUp { "GATE_UP" } else { "DOWN" }
             ));
         }
         if (records || algo == 3) && mp.ffn % 32 != 0 {

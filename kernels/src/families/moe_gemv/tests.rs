@@ -393,7 +393,18 @@ fn preload_keeps_the_launch_and_refuses_what_it_cannot_do() {
         let e = f.validate(d, &p, &lim).expect_err(want);
         assert!(e.contains(want), "{e}");
     };
-    bad(&with(&down, &[("PRELOAD", 2i64.into())]), "PRELOAD=2");
+    bad(&with(&down, &[("PRELOAD", 2i64.into())]), "STAGE=DOWN");
+    bad(&with(&down, &[("PRELOAD", 3i64.into())]), "PRELOAD=2 runs");
+    // PRELOAD=2: GATE_UP's HOIST prologue before the wait; the same launch.
+    let gu_hoist = with(&gu, &[("HOIST", 1i64.into())]);
+    for tokens in [1, 3, 8] {
+        let p = prob(tokens, 128, 8, 2816, 704, GgmlType::Q8_0);
+        let g = f.validate(&gu_hoist, &p, &lim).expect("HOIST=1");
+        let pre = with(&gu_hoist, &[("PRELOAD", 2i64.into())]);
+        assert_eq!(f.validate(&pre, &p, &lim).expect("PRELOAD=2"), g);
+        assert_eq!(f.contract(&pre), f.contract(&gu_hoist));
+    }
+    bad(&with(&gu, &[("PRELOAD", 2i64.into())]), "HOIST=0");
     // GATE_UP: FMA on f32 x (nothing to quantize), and HOIST.
     bad(&with(&base, &[("PRELOAD", 1i64.into())]), "not ALGO=0");
     bad(
