@@ -49,6 +49,7 @@ use super::forward_plan::{
 use super::slots::Phase;
 use super::stages::Rows;
 use super::weights::{GpuMatrix, Layouts, MoeLayerWeights};
+use crate::config::MoeConfig;
 use crate::engine::EngineError;
 
 impl CudaEngine<'_> {
@@ -62,12 +63,7 @@ impl CudaEngine<'_> {
         l: usize,
         rows: Rows,
     ) -> Result<(), EngineError> {
-        let (Some(mp), Some(mw), Some(mb), Some(moe)) = (
-            lp.moe.as_ref(),
-            self.w.layers[l].moe.as_ref(),
-            self.moe_buffers.as_ref(),
-            self.model.config().moe.as_ref(),
-        ) else {
+        let Some((mp, mw, mb, moe)) = self.moe_stage(lp, l) else {
             return Ok(());
         };
         let (d, kk, ne) = (
@@ -125,12 +121,7 @@ impl CudaEngine<'_> {
         l: usize,
         rows: Rows,
     ) -> Result<(), EngineError> {
-        let (Some(mp), Some(mw), Some(mb), Some(moe)) = (
-            lp.moe.as_ref(),
-            self.w.layers[l].moe.as_ref(),
-            self.moe_buffers.as_ref(),
-            self.model.config().moe.as_ref(),
-        ) else {
+        let Some((mp, mw, mb, moe)) = self.moe_stage(lp, l) else {
             return Ok(());
         };
         let cfg = self.model.config();
@@ -281,6 +272,22 @@ impl CudaEngine<'_> {
                 "layer {l}: no MoE launches planned for a group of {n} rows"
             ))
         })
+    }
+
+    /// What MoE layer `l`'s stages read: its plan, weights, the block's
+    /// buffers and the model's MoE shapes (`None` on a dense layer).
+    fn moe_stage<'s>(
+        &'s self,
+        lp: &'s LayerPlan,
+        l: usize,
+    ) -> Option<(
+        &'s MoePlan,
+        &'s MoeLayerWeights,
+        &'s MoeBuffers,
+        &'s MoeConfig,
+    )> {
+        let (mw, mb) = self.moe_parts(lp, l)?;
+        Some((lp.moe.as_ref()?, mw, mb, self.model.config().moe.as_ref()?))
     }
 
     /// MoE layer `l`'s weights and the block's buffers, when the layer's

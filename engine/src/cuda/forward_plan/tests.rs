@@ -50,13 +50,13 @@ fn synth_plan(
     synth_plan_of(Profile::load(profile).expect("profile"), cfg, w, what)
 }
 
-/// `synth_plan` for a profile already read.
-fn synth_plan_of(
+/// The plan of a synthetic model of `cfg` in `w` under `profile` (sm_90,
+/// 4096 positions, ubatch 512, f16 cache), or why it cannot be made.
+fn resolve_synth(
     profile: Profile,
     cfg: &Gemma4Config,
     w: WeightType,
-    what: &str,
-) -> (ForwardPlan, ModelDims) {
+) -> Result<(ForwardPlan, ModelDims), PlanError> {
     let planner = Planner::new(profile, None, DeviceLimits::for_arch(Arch(90)));
     let dims = ModelDims::of_synth(cfg, w, &planner);
     let sizing = Sizing {
@@ -64,9 +64,17 @@ fn synth_plan_of(
         ubatch: 512,
         kv_type: KvType::F16,
     };
-    let plan = ForwardPlan::resolve(&planner, cfg, &dims, sizing)
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    (plan, dims)
+    ForwardPlan::resolve(&planner, cfg, &dims, sizing).map(|plan| (plan, dims))
+}
+
+/// `synth_plan` for a profile already read.
+fn synth_plan_of(
+    profile: Profile,
+    cfg: &Gemma4Config,
+    w: WeightType,
+    what: &str,
+) -> (ForwardPlan, ModelDims) {
+    resolve_synth(profile, cfg, w).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 #[test]
@@ -695,14 +703,7 @@ fn moe_down_reads_the_records_its_gate_up_writes() {
     )
     .expect("profile");
     let cfg = synth::preset(SynthVariant::B26A4b);
-    let planner = Planner::new(narrow, None, DeviceLimits::for_arch(Arch(90)));
-    let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
-    let sizing = Sizing {
-        max_seq: 4096,
-        ubatch: 512,
-        kv_type: KvType::F16,
-    };
-    let e = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+    let e = resolve_synth(narrow, &cfg, WeightType::Q8_0)
         .err()
         .expect("a gate|up of 16-row blocks cannot write whole records");
     assert!(e.to_string().contains("gate_up must write them"), "{e}");
@@ -788,15 +789,8 @@ family = "moe_gemv"
 defines = { ALGO = 2, LAYOUT = 1, ROWS = 4, WARPS = 8, UNROLL = 1, KSPLIT = 1, COUNT_BYTES = 0, HOIST = 1, PRELOAD = 2 }
 "#;
     let profile = Profile::parse("late-preload2.toml", text).expect("parses");
-    let planner = Planner::new(profile, None, DeviceLimits::for_arch(Arch(90)));
     let cfg = synth::preset(SynthVariant::TinyMoe);
-    let dims = ModelDims::of_synth(&cfg, WeightType::Q8_0, &planner);
-    let sizing = Sizing {
-        max_seq: 4096,
-        ubatch: 512,
-        kv_type: KvType::F16,
-    };
-    let e = ForwardPlan::resolve(&planner, &cfg, &dims, sizing)
+    let e = resolve_synth(profile, &cfg, WeightType::Q8_0)
         .err()
         .expect("PRELOAD=2 with the router after the shared MLP");
     assert!(e.to_string().contains("moe_route = \"early\""), "{e}");
