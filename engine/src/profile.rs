@@ -413,14 +413,26 @@ fn fused_or_separate(
     value: Option<&str>,
     fused: &mut bool,
 ) -> Result<(), ProfileError> {
+    either(loc, key, value, ("fused", "separate"), fused)
+}
+
+/// A key of two spellings: `on` sets `flag`, `off` clears it, absent keeps
+/// the base's; anything else is an error naming both.
+fn either(
+    loc: &Locator,
+    key: &str,
+    value: Option<&str>,
+    (on, off): (&str, &str),
+    flag: &mut bool,
+) -> Result<(), ProfileError> {
     match value {
         None => {}
-        Some("fused") => *fused = true,
-        Some("separate") => *fused = false,
+        Some(v) if v == on => *flag = true,
+        Some(v) if v == off => *flag = false,
         Some(other) => {
             return Err(ProfileError::Parse {
                 at: loc.key(&[key]),
-                msg: format!("{key} = \"{other}\": write \"fused\" or \"separate\""),
+                msg: format!("{key} = \"{other}\": write \"{on}\" or \"{off}\""),
             })
         }
     }
@@ -648,17 +660,13 @@ impl Profile {
             f.norm_tail.as_deref(),
             &mut p.fuse_norm_tail,
         )?;
-        match f.moe_route.as_deref() {
-            None => {}
-            Some("early") => p.moe_route_early = true,
-            Some("late") => p.moe_route_early = false,
-            Some(other) => {
-                return Err(ProfileError::Parse {
-                    at: loc.key(&["moe_route"]),
-                    msg: format!("moe_route = \"{other}\": write \"early\" or \"late\""),
-                })
-            }
-        }
+        either(
+            &loc,
+            "moe_route",
+            f.moe_route.as_deref(),
+            ("early", "late"),
+            &mut p.moe_route_early,
+        )?;
         if p.lossless && p.head_convert.is_some() {
             return Err(ProfileError::Parse {
                 at: loc.key(&["head_convert"]),

@@ -228,18 +228,25 @@ fn chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_preload_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
-    let m = tiny_moe(WeightType::Q8_0);
-    let toks = prompt(&m, 70, 7);
-    let (plain, _) = decode_bits_with_launch(&m, "plain", &toks, 29);
     // Embedded, so the staged test runs from any directory.
     let p = Profile::parse(
         "variants/profiles/moe-preload.toml",
         include_str!("../../variants/profiles/moe-preload.toml"),
     )
     .expect("moe-preload");
-    let (pre, n) = decode_bits_with(&m, p, &toks, 29);
-    assert!(n > 0, "moe-preload chained nothing");
-    assert!(pre == plain, "moe-preload decode differs from plain decode");
+    chained_decode_is_plain_decode(p);
+}
+
+/// Tiny-moe Q8_0 decoded under `p` (its step chained) gives main's plain
+/// decode's logits bit for bit.
+fn chained_decode_is_plain_decode(p: Profile) {
+    let name = p.name.clone();
+    let m = tiny_moe(WeightType::Q8_0);
+    let toks = prompt(&m, 70, 7);
+    let (plain, _) = decode_bits_with_launch(&m, "plain", &toks, 29);
+    let (got, n) = decode_bits_with(&m, p, &toks, 29);
+    assert!(n > 0, "{name} chained nothing");
+    assert!(got == plain, "{name} decode differs from plain decode");
 }
 
 /// `moe-early` launches the router before the shared MLP and has the
@@ -250,17 +257,11 @@ fn moe_preload_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_early_chained_decode_is_bit_identical_to_plain_decode_on_tiny_moe() {
-    let m = tiny_moe(WeightType::Q8_0);
-    let toks = prompt(&m, 70, 7);
-    let (plain, _) = decode_bits_with_launch(&m, "plain", &toks, 29);
-    // Embedded, so the staged test runs from any directory.
     let p = Profile::parse(
         "variants/profiles/moe-early.toml",
         include_str!("../../variants/profiles/moe-early.toml"),
     )
     .expect("moe-early");
     assert!(p.moe_route_early, "moe-early launches the router early");
-    let (early, n) = decode_bits_with(&m, p, &toks, 29);
-    assert!(n > 0, "moe-early chained nothing");
-    assert!(early == plain, "moe-early decode differs from plain decode");
+    chained_decode_is_plain_decode(p);
 }
